@@ -1,0 +1,392 @@
+"""Act: turn a guarded plan into provider and scheduler calls, and record every outcome.
+
+Launches walk the request's pools in order; a capacity or quota failure is remembered in the
+capacity cache (so the next tick does not ask again) and the remaining GPUs move to the next
+pool in the same tick. Each launch carries a request id unique to this controller incarnation,
+tick and position, which providers use to make a repeated call a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+
+from autoscaler.capacity import CapacityCache, InterruptionHistory
+from autoscaler.config import ControllerConfig
+from autoscaler.errors import (
+    AuthError,
+    CapacityError,
+    InvalidRequest,
+    ProviderError,
+    QuotaError,
+    QuotaScope,
+    TransientError,
+    describe,
+)
+from autoscaler.guard import GuardedPlan, GuardMemory
+from autoscaler.lifecycle import InstanceRecord, InstanceTable
+from autoscaler.model import (
+    FleetView,
+    InstanceState,
+    InterruptionNotice,
+    LaunchRequest,
+    Placement,
+    PoolView,
+)
+from autoscaler.provider import LaunchResult, Provider
+from autoscaler.retry import RetryPolicy
+from autoscaler.sources import WorkloadScheduler
+
+log = logging.getLogger(__name__)
+
+_DRAINABLE = (InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING)
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    kind: str
+    pool: str | None
+    requested: int
+    done: int
+    outcome: str
+    detail: str = ""
+    request_id: str | None = None
+    instance_ids: tuple[str, ...] = ()
+    fallback_from: str | None = None
+
+
+class Actuator:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        providers: Mapping[str, Provider],
+        table: InstanceTable,
+        capacity: CapacityCache,
+        history: InterruptionHistory,
+        memory: GuardMemory,
+        scheduler: WorkloadScheduler | None,
+        incarnation: str,
+        retry: RetryPolicy,
+    ) -> None:
+        self.config = config
+        self.providers = providers
+        self.table = table
+        self.capacity = capacity
+        self.history = history
+        self.memory = memory
+        self.scheduler = scheduler
+        self.incarnation = incarnation
+        self.retry = retry
+        self._pools = {p.name: p for p in config.pools}
+
+    def act(self, view: FleetView, guarded: GuardedPlan) -> list[ActionRecord]:
+        records: list[ActionRecord] = []
+        self._apply_placement(guarded.plan.placement, records)
+        for notice in view.notices:
+            self._handle_notice(notice, view.now, records)
+        for drain in guarded.drains:
+            record = self.table.get(drain.instance_id)
+            if record is None or record.state not in _DRAINABLE:
+                continue
+            record.move(InstanceState.DRAINING, view.now, drain.reason)
+            self.memory.last_scale_down[record.pool] = view.now
+            records.append(
+                ActionRecord(
+                    "drain", record.pool, 1, 1, "ok", drain.reason, instance_ids=(record.id,)
+                )
+            )
+        self._progress_drains(view, records)
+        self._collect_orphans(view.now, records)
+        failed_providers: set[str] = set()
+        for index, launch in enumerate(guarded.plan.launches):
+            self._launch(view, guarded, launch, index, failed_providers, records)
+        return records
+
+    def _apply_placement(self, placement: Placement, records: list[ActionRecord]) -> None:
+        if self.scheduler is None:
+            return
+        try:
+            self.scheduler.apply_placement(placement)
+        except Exception as exc:
+            records.append(ActionRecord("placement", None, 1, 0, "error", describe(exc)))
+
+    def _handle_notice(
+        self, notice: InterruptionNotice, now: float, records: list[ActionRecord]
+    ) -> None:
+        record = self.table.get(notice.instance_id)
+        if record is None or record.state in (
+            InstanceState.INTERRUPTED,
+            InstanceState.TERMINATING,
+            InstanceState.TERMINATED,
+        ):
+            return
+        record.move(InstanceState.INTERRUPTED, now, f"{notice.kind} notice")
+        record.interrupt_deadline = notice.deadline
+        self.history.record(record.pool, now)
+        detail = f"{notice.kind} notice, deadline in {notice.deadline - now:.0f}s"
+        if self.scheduler is not None:
+            try:
+                self.scheduler.drain(record.id, "spot interruption notice")
+            except Exception as exc:
+                detail += f"; drain failed: {describe(exc)}"
+        records.append(
+            ActionRecord("interruption", record.pool, 1, 1, "ok", detail, instance_ids=(record.id,))
+        )
+
+    def _progress_drains(self, view: FleetView, records: list[ActionRecord]) -> None:
+        usage = {n.instance_id: n for n in view.instances}
+        to_terminate: list[InstanceRecord] = []
+        for record in list(self.table.live()):
+            if record.state is not InstanceState.DRAINING:
+                continue
+            node = usage.get(record.id)
+            running = 0
+            if self.scheduler is not None and node is not None and node.joined:
+                try:
+                    running = self.scheduler.drain(record.id, "scale-down")
+                except Exception as exc:
+                    records.append(
+                        ActionRecord(
+                            "drain",
+                            record.pool,
+                            1,
+                            0,
+                            "error",
+                            describe(exc),
+                            instance_ids=(record.id,),
+                        )
+                    )
+                    continue
+            started = record.drain_started_at if record.drain_started_at is not None else view.now
+            if running and view.now - started < self.config.drain_timeout_s:
+                continue
+            if running and self.scheduler is not None:
+                evicted = self.scheduler.evict(record.id, "drain timed out")
+                records.append(
+                    ActionRecord(
+                        "evict",
+                        record.pool,
+                        running,
+                        evicted,
+                        "ok",
+                        "drain timed out",
+                        instance_ids=(record.id,),
+                    )
+                )
+            to_terminate.append(record)
+        self._terminate(to_terminate, view.now, "drained", records)
+
+    def _collect_orphans(self, now: float, records: list[ActionRecord]) -> None:
+        orphans = [r for r in self.table.live() if r.pool not in self._pools]
+        self._terminate(
+            orphans, now, "collected: tagged ours but its pool is not configured", records
+        )
+
+    def _terminate(
+        self, victims: list[InstanceRecord], now: float, why: str, records: list[ActionRecord]
+    ) -> None:
+        by_provider: dict[str, list[InstanceRecord]] = {}
+        for record in victims:
+            provider = self._provider_of(record)
+            if provider is None:
+                records.append(
+                    ActionRecord(
+                        "terminate",
+                        record.pool,
+                        1,
+                        0,
+                        "error",
+                        "no provider knows this instance's pool",
+                        instance_ids=(record.id,),
+                    )
+                )
+                continue
+            by_provider.setdefault(provider, []).append(record)
+        for provider_name, group in by_provider.items():
+            ids = [r.id for r in group]
+            request_id = f"{self.incarnation}-term-{ids[0]}"
+            try:
+                self.retry.call(partial(self.providers[provider_name].terminate, ids, request_id))
+            except Exception as exc:
+                records.append(
+                    ActionRecord(
+                        "terminate",
+                        group[0].pool,
+                        len(ids),
+                        0,
+                        "error",
+                        describe(exc),
+                        request_id,
+                        tuple(ids),
+                    )
+                )
+                continue
+            for record in group:
+                record.move(InstanceState.TERMINATING, now, why)
+            for pool in sorted({r.pool for r in group}):
+                pool_ids = tuple(r.id for r in group if r.pool == pool)
+                records.append(
+                    ActionRecord(
+                        "terminate",
+                        pool,
+                        len(pool_ids),
+                        len(pool_ids),
+                        "ok",
+                        why,
+                        request_id,
+                        pool_ids,
+                    )
+                )
+
+    def _provider_of(self, record: InstanceRecord) -> str | None:
+        pool = self._pools.get(record.pool)
+        if pool is not None:
+            return pool.provider
+        for name, provider in self.providers.items():
+            owns = getattr(provider, "owns", None)
+            if callable(owns) and owns(record.id):
+                return name
+        return None
+
+    def _launch(
+        self,
+        view: FleetView,
+        guarded: GuardedPlan,
+        launch: LaunchRequest,
+        index: int,
+        failed_providers: set[str],
+        records: list[ActionRecord],
+    ) -> None:
+        first = view.pool_by_name[launch.pool].pool
+        gpus_wanted = launch.count * first.gpus_per_instance
+        previous: str | None = None
+        for attempt, name in enumerate((launch.pool, *launch.fallbacks)):
+            if gpus_wanted <= 0:
+                return
+            pool_view = view.pool_by_name[name]
+            pool = pool_view.pool
+            fallback_from = previous
+            previous = name
+            if pool.provider in failed_providers:
+                continue
+            if not self.capacity.is_available(name, view.now):
+                continue
+            want = math.ceil(gpus_wanted / pool.gpus_per_instance)
+            granted = guarded.allowance.admit_launch(pool_view, want)
+            if granted == 0:
+                continue
+            request_id = f"{self.incarnation}-{view.tick}-{index}-{attempt}"
+            provider = self.providers[pool.provider]
+            try:
+                result = self.retry.call(
+                    partial(provider.launch, pool, granted, request_id, self.config.fleet_id)
+                )
+            except ProviderError as exc:
+                guarded.allowance.refund(pool_view, granted)
+                self._remember_failure(exc, name, view.now)
+                if isinstance(exc, (AuthError, InvalidRequest)):
+                    failed_providers.add(pool.provider)
+                    log.error("launch in %s refused: %s", name, exc)
+                records.append(
+                    ActionRecord(
+                        "launch",
+                        name,
+                        granted,
+                        0,
+                        _outcome(exc),
+                        describe(exc),
+                        request_id,
+                        (),
+                        fallback_from,
+                    )
+                )
+                continue
+            except Exception as exc:
+                guarded.allowance.refund(pool_view, granted)
+                log.exception("provider %s failed unexpectedly while launching", pool.provider)
+                records.append(
+                    ActionRecord(
+                        "launch",
+                        name,
+                        granted,
+                        0,
+                        "error",
+                        describe(exc),
+                        request_id,
+                        (),
+                        fallback_from,
+                    )
+                )
+                continue
+            launched = self._record_launch(result, granted, pool_view, guarded, view.now)
+            if launched:
+                self.memory.last_scale_up[name] = view.now
+            gpus_wanted -= launched * pool.gpus_per_instance
+            outcome = (
+                "ok"
+                if launched >= granted
+                else ("partial" if launched else _outcome(result.shortfall))
+            )
+            records.append(
+                ActionRecord(
+                    "launch",
+                    name,
+                    granted,
+                    launched,
+                    outcome,
+                    describe(result.shortfall) if result.shortfall else launch.reason,
+                    request_id,
+                    tuple(i.id for i in result.instances),
+                    fallback_from,
+                )
+            )
+
+    def _record_launch(
+        self,
+        result: LaunchResult,
+        granted: int,
+        pool_view: PoolView,
+        guarded: GuardedPlan,
+        now: float,
+    ) -> int:
+        for instance in result.instances:
+            self.table.record_launch(instance, now)
+        launched = len(result.instances)
+        guarded.allowance.refund(pool_view, granted - launched)
+        if result.shortfall is not None:
+            self._remember_failure(result.shortfall, pool_view.pool.name, now)
+        return launched
+
+    def _remember_failure(self, error: ProviderError, pool: str, now: float) -> None:
+        if isinstance(error, CapacityError):
+            self.capacity.mark(pool, now, error.code)
+        elif isinstance(error, QuotaError):
+            for name in self._quota_pools(error.scope, pool):
+                self.capacity.mark(name, now, error.code)
+
+    def _quota_pools(self, scope: QuotaScope, pool_name: str) -> list[str]:
+        pool = self._pools[pool_name]
+        if scope is QuotaScope.PROVIDER:
+            return [p.name for p in self.config.pools if p.provider == pool.provider]
+        if scope is QuotaScope.REGION:
+            return [
+                p.name
+                for p in self.config.pools
+                if p.provider == pool.provider and p.region == pool.region
+            ]
+        return [pool_name]
+
+
+def _outcome(error: ProviderError | None) -> str:
+    if isinstance(error, CapacityError):
+        return "capacity"
+    if isinstance(error, QuotaError):
+        return "quota"
+    if isinstance(error, TransientError):
+        return "throttled"
+    if isinstance(error, (AuthError, InvalidRequest)):
+        return "refused"
+    return "error"

@@ -1,0 +1,190 @@
+"""``gpu-autoscaler``: validate a config, list installed policies, run a dry-run cost report.
+
+Bad input ends in one line on stderr that names the file, line or field, and exit status 2;
+never a traceback (``--debug`` shows one for bugs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from autoscaler.errors import InputError, describe
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.run(args))
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"error: {describe(exc)} (this is a bug; run with --debug for details)", file=sys.stderr
+        )
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-autoscaler", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    commands = parser.add_subparsers(dest="command")
+
+    validate = commands.add_parser("validate", help="check a controller config or a scenario file")
+    validate.add_argument("file", type=Path)
+    validate.set_defaults(run=_validate)
+
+    policies = commands.add_parser("policies", help="list the installed policies and their params")
+    policies.set_defaults(run=_policies)
+
+    for name in ("report", "simulate"):
+        report = commands.add_parser(
+            name, help="replay a scenario through policies and write the dry-run cost report"
+        )
+        report.add_argument(
+            "--scenario",
+            type=Path,
+            default=None,
+            help="scenario file (default: the shipped Alibaba openb scenario)",
+        )
+        report.add_argument(
+            "--out",
+            type=Path,
+            default=Path("report"),
+            help="folder for report.json, report.md and report.html",
+        )
+        report.add_argument(
+            "--policy",
+            action="append",
+            default=None,
+            help="compare only these policies from the scenario (repeatable)",
+        )
+        report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
+        report.add_argument("--no-progress", action="store_true", help="no progress bar")
+        report.set_defaults(run=_report)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from autoscaler.config import config_from_document
+    from autoscaler.inputfile import read_yaml
+    from autoscaler.policy import load_policy
+
+    document = read_yaml(args.file)
+    if isinstance(document.data, dict) and "controller" in document.data:
+        from autoscaler.sim.engine import prepare
+        from autoscaler.sim.scenario import load_scenario
+
+        loaded = load_scenario(args.file)
+        for index, spec in enumerate(loaded.scenario.policies):
+            load_policy(
+                spec.name,
+                spec.params,
+                where=str(args.file),
+                field_prefix=f"policies[{index}].params",
+            )
+        prepared = prepare(loaded)
+        scenario = loaded.scenario
+        print(
+            f"{args.file}: ok: scenario {scenario.name!r}, {len(prepared.selection.jobs)} jobs, "
+            f"{len(scenario.controller.pools)} pools, {len(scenario.policies)} policies"
+        )
+        return 0
+    config = config_from_document(document)
+    load_policy(config.policy.name, config.policy.params, where=str(args.file))
+    print(
+        f"{args.file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
+        f"policy {config.policy.name!r}"
+    )
+    return 0
+
+
+def _policies(args: argparse.Namespace) -> int:
+    from autoscaler.policy import POLICY_GROUP, describe_installed, policy_class
+
+    for entry in describe_installed(POLICY_GROUP):
+        try:
+            cls = policy_class(entry.name)
+        except InputError as exc:
+            print(f"{entry.name}  (broken: {exc.message})")
+            continue
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        source = entry.distribution or "?"
+        print(f"{entry.name}  [{source}: {entry.value}]  {summary}")
+        for field_name, field in cls.Params.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            shown = default.value if hasattr(default, "value") else default
+            about = f"  {field.description}" if field.description else ""
+            print(f"    {field_name} = {shown!r}{about}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from autoscaler.report.build import build_report
+    from autoscaler.report.render import summary_markdown
+    from autoscaler.report.write import write_report
+    from autoscaler.sim.engine import prepare, simulate
+    from autoscaler.sim.lowerbound import compute_lower_bounds
+    from autoscaler.sim.scenario import default_scenario_path, load_scenario
+
+    loaded = load_scenario(args.scenario or default_scenario_path())
+    scenario = loaded.scenario
+    specs = list(enumerate(scenario.policies))
+    if args.policy:
+        wanted = set(args.policy)
+        unknown = (
+            wanted - {s.name for s in scenario.policies} - {s.title for s in scenario.policies}
+        )
+        if unknown:
+            raise InputError(
+                loaded.source,
+                f"--policy {', '.join(sorted(unknown))} is not among the "
+                "scenario's policies: " + ", ".join(s.title for s in scenario.policies),
+                field="policies",
+            )
+        specs = [(i, s) for i, s in specs if s.name in wanted or s.title in wanted]
+    prepared = prepare(loaded)
+    results = []
+    for index, spec in specs:
+        with tqdm(
+            total=round(prepared.horizon_s / 3600),
+            unit="h",
+            desc=f"replay {spec.title}",
+            disable=True if args.no_progress else None,
+            leave=False,
+        ) as bar:
+
+            def progress(t: float, bar: tqdm = bar) -> None:  # type: ignore[type-arg]
+                bar.update(round(t / 3600) - bar.n)
+
+            results.append(simulate(prepared, spec, index, progress))
+    bounds = (
+        []
+        if args.no_lower_bound or not scenario.lower_bound.enabled
+        else compute_lower_bounds(prepared)
+    )
+    report = build_report(prepared, results, bounds)
+    written = write_report(report, args.out)
+    print(summary_markdown(report))
+    print("\nwritten: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The reconcile loop: every tick is observe → decide → guard → act, and nothing else.
+
+The controller owns the state that must outlive a tick (instance table, capacity cache,
+interruption history, cool-down memory, last plan) and wires the four steps together; each step
+lives in its own module. A policy that raises, or returns a plan the guard rejects, holds the
+fleet as it is for that tick and says why; interruption notices and drains already under way are
+still handled, because they are not the policy's to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.act import ActionRecord, Actuator
+from autoscaler.capacity import CapacityCache, InterruptionHistory
+from autoscaler.clock import Clock
+from autoscaler.config import ControllerConfig
+from autoscaler.errors import InputError, describe
+from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
+from autoscaler.lifecycle import InstanceTable
+from autoscaler.model import FleetView, Plan
+from autoscaler.observe import Observer
+from autoscaler.policy import Policy
+from autoscaler.provider import Provider
+from autoscaler.retry import RetryPolicy
+from autoscaler.sources import NodeSource, QueueSource, WorkloadScheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickReport:
+    tick: int
+    now: float
+    view: FleetView
+    plan: Plan
+    held: str | None
+    clamps: list[Clamp]
+    actions: list[ActionRecord]
+    errors: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        policy: Policy,
+        providers: Mapping[str, Provider],
+        clock: Clock,
+        queue_sources: Sequence[QueueSource] = (),
+        node_source: NodeSource | None = None,
+        scheduler: WorkloadScheduler | None = None,
+        incarnation: str | None = None,
+        retry: RetryPolicy | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        missing = sorted({p.provider for p in config.pools} - set(providers))
+        if missing:
+            raise InputError(
+                "config",
+                f"pools use provider(s) {', '.join(missing)}, which are not configured",
+                field="pools",
+            )
+        self.config = config
+        self.policy = policy
+        self.clock = clock
+        self.timer = timer
+        self.table = InstanceTable(request_timeout_s=config.request_timeout_s)
+        self.capacity = CapacityCache(config.capacity_cache_ttl_s)
+        self.history = InterruptionHistory(config.risky_pool_ttl_s)
+        self.memory = GuardMemory()
+        self.observer = Observer(
+            config, providers, queue_sources, node_source, self.table, self.capacity, self.history
+        )
+        self.actuator = Actuator(
+            config,
+            providers,
+            self.table,
+            self.capacity,
+            self.history,
+            self.memory,
+            scheduler,
+            incarnation or uuid.uuid4().hex[:12],
+            retry or RetryPolicy(),
+        )
+        self.last_plan: Plan | None = None
+        self._tick = 0
+
+    @property
+    def ticks(self) -> int:
+        return self._tick
+
+    def tick(self) -> TickReport:
+        started = self.timer()
+        now = self.clock.now()
+        number = self._tick
+        self._tick += 1
+        observation = self.observer.observe(now, number, self.last_plan)
+        view = observation.view
+        plan, held = self._decide(view)
+        guarded = guard(plan, view, self.config.limits, self.memory)
+        actions = self.actuator.act(view, guarded)
+        if held is None:
+            self.last_plan = plan
+        else:
+            log.warning("tick %d held: %s", number, held)
+        return TickReport(
+            tick=number,
+            now=now,
+            view=view,
+            plan=plan,
+            held=held,
+            clamps=guarded.clamps,
+            actions=actions,
+            errors=observation.errors,
+            duration_s=self.timer() - started,
+        )
+
+    def _decide(self, view: FleetView) -> tuple[Plan, str | None]:
+        try:
+            return validate_plan(self.policy.decide(view), view), None
+        except Exception as exc:
+            placement = self.last_plan.placement if self.last_plan is not None else Plan().placement
+            return Plan(placement=placement, reason="held"), f"policy failed: {describe(exc)}"

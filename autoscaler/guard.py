@@ -1,0 +1,212 @@
+"""The guard: hard limits no policy can lift, and the wall that contains a misbehaving policy.
+
+A plan that names pools or instances the view does not hold is rejected whole (the tick then
+holds the fleet as it is). A sane plan is clamped: drains here, launches through an ``Allowance``
+that act consults for every launch, fallbacks included, so per-pool and total instance/GPU limits,
+the $/hour budget and the launch rate hold whatever act ends up buying.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autoscaler.config import Limits
+from autoscaler.errors import PolicyError
+from autoscaler.model import LIVE_STATES, DrainRequest, FleetView, InstanceState, Plan, PoolView
+
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class Clamp:
+    rule: str
+    pool: str | None
+    requested: int
+    allowed: int
+    detail: str
+
+
+@dataclass
+class GuardMemory:
+    """What the guard must remember between ticks to apply cool-downs."""
+
+    last_scale_up: dict[str, float] = field(default_factory=dict)
+    last_scale_down: dict[str, float] = field(default_factory=dict)
+
+
+def validate_plan(plan: object, view: FleetView) -> Plan:
+    """Refuse a plan the controller cannot even interpret; a reason goes into the tick's report."""
+    if not isinstance(plan, Plan):
+        raise PolicyError(f"decide() returned {type(plan).__name__}, not a Plan")
+    pools = view.pool_by_name
+    for launch in plan.launches:
+        for name in (launch.pool, *launch.fallbacks):
+            if name not in pools:
+                raise PolicyError(f"plan launches in pool {name!r}, which is not configured")
+    known = {node.instance_id for node in view.instances}
+    seen: set[str] = set()
+    for drain in plan.drains:
+        if drain.instance_id not in known:
+            raise PolicyError(f"plan drains {drain.instance_id!r}, which is not an instance we own")
+        if drain.instance_id in seen:
+            raise PolicyError(f"plan drains {drain.instance_id!r} twice")
+        seen.add(drain.instance_id)
+    return plan
+
+
+class Allowance:
+    """The room a tick has left under every limit; act asks it before each launch."""
+
+    def __init__(self, limits: Limits, view: FleetView, memory: GuardMemory) -> None:
+        self.limits = limits
+        self.now = view.now
+        self.memory = memory
+        self.clamps: list[Clamp] = []
+        self._pools = view.pool_by_name
+        self._cooling = {
+            pool
+            for pool, last in memory.last_scale_up.items()
+            if view.now - last < limits.scale_up_cooldown_s
+        }
+        live_by_pool: dict[str, int] = {}
+        live_gpus = 0
+        cost = 0.0
+        unpriced: set[str] = set()
+        for node in view.instances:
+            if node.state not in LIVE_STATES:
+                continue
+            live_by_pool[node.pool] = live_by_pool.get(node.pool, 0) + 1
+            live_gpus += node.gpus
+            pool_view = self._pools.get(node.pool)
+            if pool_view is None or pool_view.price is None:
+                unpriced.add(node.pool)
+            else:
+                cost += pool_view.price.price_per_hour
+        self.live_by_pool = live_by_pool
+        live_total = sum(live_by_pool.values())
+        self.instances_left = _room(limits.max_instances, live_total)
+        self.gpus_left = _room(limits.max_gpus, live_gpus)
+        self.launches_left: float = limits.max_launches_per_tick
+        self.cost_per_hour = cost
+        self.budget_left: float = _INF
+        self.unpriced = tuple(sorted(unpriced))
+        if limits.max_cost_per_hour is not None:
+            self.budget_left = 0.0 if unpriced else max(0.0, limits.max_cost_per_hour - cost)
+
+    def admit_launch(self, pool_view: PoolView, count: int) -> int:
+        """How many of ``count`` instances may be launched in this pool; debits what it grants."""
+        pool = pool_view.pool
+        allowed: float = count
+        allowed = self._cap(
+            allowed, "scale_up_cooldown", pool.name, count, self._cooldown_room(pool.name)
+        )
+        pool_room = _room(pool.max_instances, self.live_by_pool.get(pool.name, 0))
+        allowed = self._cap(allowed, "pool_max_instances", pool.name, count, pool_room)
+        allowed = self._cap(allowed, "max_instances", pool.name, count, self.instances_left)
+        allowed = self._cap(
+            allowed, "max_gpus", pool.name, count, self.gpus_left // pool.gpus_per_instance
+        )
+        allowed = self._cap(allowed, "launch_rate", pool.name, count, self.launches_left)
+        allowed = self._cap(allowed, "budget", pool.name, count, self._budget_room(pool_view))
+        granted = int(allowed)
+        self._debit(pool_view, granted)
+        return granted
+
+    def refund(self, pool_view: PoolView, count: int) -> None:
+        """Give back room for instances that were admitted but not launched."""
+        if count > 0:
+            self._debit(pool_view, -count)
+
+    def _debit(self, pool_view: PoolView, count: int) -> None:
+        pool = pool_view.pool
+        self.live_by_pool[pool.name] = self.live_by_pool.get(pool.name, 0) + count
+        self.instances_left -= count
+        self.gpus_left -= count * pool.gpus_per_instance
+        self.launches_left -= count
+        if pool_view.price is not None and self.budget_left != _INF:
+            self.budget_left -= count * pool_view.price.price_per_hour
+            self.cost_per_hour += count * pool_view.price.price_per_hour
+
+    def _cooldown_room(self, pool: str) -> float:
+        return 0 if pool in self._cooling else _INF
+
+    def _budget_room(self, pool_view: PoolView) -> float:
+        if self.limits.max_cost_per_hour is None:
+            return _INF
+        if self.unpriced:
+            return 0
+        if pool_view.price is None:
+            return 0
+        price = pool_view.price.price_per_hour
+        if price <= 0:
+            return _INF
+        return math.floor(self.budget_left / price + 1e-9)
+
+    def _cap(self, allowed: float, rule: str, pool: str, requested: int, room: float) -> float:
+        room = max(0.0, room)
+        if room < allowed:
+            self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
+            return room
+        return allowed
+
+
+def _why(rule: str, allowance: Allowance) -> str:
+    if rule == "budget" and allowance.unpriced:
+        return "no price known for pool(s) " + ", ".join(allowance.unpriced) + "; scale-up held"
+    return {
+        "scale_up_cooldown": "pool scaled up recently",
+        "pool_max_instances": "pool is at its max_instances",
+        "max_instances": "fleet is at limits.max_instances",
+        "max_gpus": "fleet is at limits.max_gpus",
+        "launch_rate": "limits.max_launches_per_tick reached",
+        "budget": "limits.max_cost_per_hour reached",
+    }.get(rule, rule)
+
+
+def _room(limit: int | None, used: int) -> float:
+    return _INF if limit is None else max(0, limit - used)
+
+
+@dataclass
+class GuardedPlan:
+    plan: Plan
+    drains: tuple[DrainRequest, ...]
+    allowance: Allowance
+
+    @property
+    def clamps(self) -> list[Clamp]:
+        return self.allowance.clamps
+
+
+def guard(plan: Plan, view: FleetView, limits: Limits, memory: GuardMemory) -> GuardedPlan:
+    """Clamp a validated plan. Drains are settled here; launches are admitted one by one in act."""
+    allowance = Allowance(limits, view, memory)
+    nodes = {node.instance_id: node for node in view.instances}
+    admitted: list[DrainRequest] = []
+    for drain in plan.drains:
+        node = nodes[drain.instance_id]
+        if node.state not in (
+            InstanceState.PENDING,
+            InstanceState.RUNNING,
+            InstanceState.REQUESTED,
+        ):
+            continue
+        if not view.demand.known:
+            allowance.clamps.append(
+                Clamp("demand_unknown", node.pool, 1, 0, "a queue source failed; scale-down held")
+            )
+            continue
+        last_up = memory.last_scale_up.get(node.pool)
+        if last_up is not None and view.now - last_up < limits.scale_down_cooldown_s:
+            allowance.clamps.append(
+                Clamp("scale_down_cooldown", node.pool, 1, 0, "pool scaled up recently")
+            )
+            continue
+        if len(admitted) >= limits.max_drains_per_tick:
+            allowance.clamps.append(
+                Clamp("drain_rate", node.pool, 1, 0, "limits.max_drains_per_tick reached")
+            )
+            continue
+        admitted.append(drain)
+    return GuardedPlan(plan, tuple(admitted), allowance)

@@ -1,0 +1,343 @@
+"""The domain model every step speaks: what the controller sees, what a policy plans, what acts.
+
+Values are frozen pydantic models so a view handed to a policy cannot be changed under it and a
+plan cannot be edited after the guard has checked it. Times are seconds on the controller's clock
+(epoch seconds live, trace seconds in the simulator), never datetimes, so the simulator and the
+live loop share every line of arithmetic.
+
+Hot paths build these objects with ``model_construct`` from data already validated at the edge
+(config, sources, providers); the boundary stays typed without paying validation twice a tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from functools import cached_property
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
+
+
+class Frozen(BaseModel):
+    """Base for value objects: immutable, and strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Market(StrEnum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class Pool(Frozen):
+    """One kind of capacity we can launch: a provider, a place and a shape, bought one way."""
+
+    name: Name
+    provider: Name
+    region: str
+    zone: str | None = None
+    instance_type: str
+    gpus_per_instance: PositiveInt
+    gpu_model: str | None = None
+    market: Market
+    max_instances: NonNegativeInt | None = None
+    boot_seconds: NonNegativeFloat = 300.0
+
+    @property
+    def is_spot(self) -> bool:
+        return self.market is Market.SPOT
+
+
+class PriceQuote(Frozen):
+    """What an hour of one instance in a pool costs now, and how likely it is to be taken away."""
+
+    pool: str
+    price_per_hour: NonNegativeFloat
+    on_demand_price_per_hour: NonNegativeFloat | None = None
+    interruption_rate_per_hour: NonNegativeFloat | None = None
+    as_of: float
+    source: str = ""
+
+
+class InstanceState(StrEnum):
+    """The controller's lifecycle of a cloud instance; allowed moves live in ``lifecycle``."""
+
+    REQUESTED = "requested"
+    PENDING = "pending"
+    RUNNING = "running"
+    DRAINING = "draining"
+    INTERRUPTED = "interrupted"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+
+
+LIVE_STATES = frozenset(
+    {
+        InstanceState.REQUESTED,
+        InstanceState.PENDING,
+        InstanceState.RUNNING,
+        InstanceState.DRAINING,
+        InstanceState.INTERRUPTED,
+    }
+)
+
+
+class Instance(Frozen):
+    """A cloud instance as its provider lists it (the cloud is the source of truth)."""
+
+    id: str
+    pool: str
+    state: InstanceState
+    launched_at: float
+    request_id: str
+    gpus: PositiveInt
+
+
+class CloudNode(Frozen):
+    """A cloud instance we own, joined with what the workload scheduler and telemetry say of it.
+
+    ``gpu_util_pct`` is measured utilisation (NVML), ``idle_since`` the moment it last fell below
+    the idle threshold; both are ``None`` while unknown, which is never the same as idle.
+    ``empty_since`` is the scheduler's view (no job allocated since then), the signal that
+    allocation-based autoscalers use.
+    """
+
+    instance_id: str
+    pool: str
+    state: InstanceState
+    launched_at: float
+    gpus: PositiveInt
+    gpus_allocated: NonNegativeInt = 0
+    gpu_util_pct: float | None = None
+    idle_since: float | None = None
+    empty_since: float | None = None
+    joined: bool = False
+
+
+class OnPremNode(Frozen):
+    name: str
+    gpus: NonNegativeInt
+    gpu_model: str | None = None
+    gpus_allocated: NonNegativeInt = 0
+    gpu_util_pct: float | None = None
+    idle_since: float | None = None
+    schedulable: bool = True
+
+    @property
+    def gpus_free(self) -> int:
+        return max(0, self.gpus - self.gpus_allocated) if self.schedulable else 0
+
+
+class Job(Frozen):
+    """One pending GPU job as a queue source reports it."""
+
+    id: str
+    gpus: PositiveInt
+    submit_time: float
+    high_priority: bool = False
+    checkpoint_interval_s: float | None = Field(default=None, gt=0)
+    checkpoint_duration_s: NonNegativeFloat | None = None
+    gpu_model: str | None = None
+    partition: str | None = None
+
+    @property
+    def checkpointable(self) -> bool:
+        return self.checkpoint_interval_s is not None
+
+
+class DemandGroup(Frozen):
+    """Pending jobs that are interchangeable for capacity planning, counted rather than listed.
+
+    A tick may see 100,000 pending jobs; a policy needs their shapes, not their names.
+    """
+
+    gpus_per_job: PositiveInt
+    jobs: PositiveInt
+    checkpoint_interval_s: float | None = None
+    high_priority: bool = False
+    gpu_model: str | None = None
+    oldest_submit_time: float
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_job * self.jobs
+
+    @property
+    def spot_safe(self) -> bool:
+        """May run on capacity that can be taken away: it checkpoints and is not urgent."""
+        return self.checkpoint_interval_s is not None and not self.high_priority
+
+
+class Demand(Frozen):
+    """Pending demand, or the admission that we do not know it.
+
+    ``known`` is False when a queue source failed this tick. A policy must not read a failed
+    source as "no demand"; the guard holds scale-down while it is False.
+    """
+
+    groups: tuple[DemandGroup, ...] = ()
+    known: bool = True
+    failed_sources: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    @property
+    def jobs(self) -> int:
+        return sum(g.jobs for g in self.groups)
+
+
+class NoticeKind(StrEnum):
+    TERMINATE = "terminate"
+    REBALANCE = "rebalance"
+
+
+class InterruptionNotice(Frozen):
+    instance_id: str
+    pool: str
+    kind: NoticeKind = NoticeKind.TERMINATE
+    received_at: float
+    deadline: float
+
+
+class PoolView(Frozen):
+    """A pool with what the controller knows of it this tick.
+
+    ``recent_interruptions`` happened during ``recent_instance_hours`` of our instances running
+    in the pool, over the controller's interruption window: their ratio is the pool's observed
+    interruption rate per instance-hour.
+    """
+
+    pool: Pool
+    price: PriceQuote | None = None
+    unavailable_until: float | None = None
+    risky_until: float | None = None
+    recent_interruptions: NonNegativeInt = 0
+    recent_instance_hours: NonNegativeFloat = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+
+class Capacity(StrEnum):
+    """Where a job can run, in the terms a placement rule speaks."""
+
+    ONPREM = "onprem"
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class OnPremUse(StrEnum):
+    """How jobs that may run on spot use on-prem GPUs."""
+
+    FIRST = "first"
+    AFTER_CLOUD = "after-cloud"
+    NEVER = "never"
+
+
+class Placement(Frozen):
+    """Where the workload scheduler may put pending jobs, in order of preference.
+
+    A policy states it with its plan; act hands it to the scheduler (node features and weights in
+    Slurm, node selectors elsewhere) and the simulator's scheduler obeys it. Policies plan
+    capacity with the same ``tiers`` so that what they count on is where jobs will go.
+    """
+
+    protect_uncheckpointable: bool = False
+    protect_high_priority: bool = False
+    spot_safe_onprem: OnPremUse = OnPremUse.FIRST
+
+    def allows_spot(self, checkpointable: bool, high_priority: bool) -> bool:
+        if self.protect_uncheckpointable and not checkpointable:
+            return False
+        return not (self.protect_high_priority and high_priority)
+
+    def tiers(self, checkpointable: bool, high_priority: bool) -> tuple[Capacity, ...]:
+        if not self.allows_spot(checkpointable, high_priority):
+            return _PROTECTED_TIERS
+        return _SPOT_SAFE_TIERS[self.spot_safe_onprem]
+
+
+_PROTECTED_TIERS = (Capacity.ONPREM, Capacity.ON_DEMAND)
+_SPOT_SAFE_TIERS = {
+    OnPremUse.FIRST: (Capacity.ONPREM, Capacity.SPOT, Capacity.ON_DEMAND),
+    OnPremUse.AFTER_CLOUD: (Capacity.SPOT, Capacity.ON_DEMAND, Capacity.ONPREM),
+    OnPremUse.NEVER: (Capacity.SPOT, Capacity.ON_DEMAND),
+}
+
+
+class LaunchRequest(Frozen):
+    """Launch ``count`` instances of ``pool``; on capacity or quota failure try ``fallbacks``.
+
+    A fallback pool of another shape gets as many instances as carry the same number of GPUs.
+    """
+
+    pool: str
+    count: PositiveInt
+    fallbacks: tuple[str, ...] = ()
+    reason: str = ""
+
+
+class DrainRequest(Frozen):
+    instance_id: str
+    reason: str = ""
+
+
+class Plan(Frozen):
+    launches: tuple[LaunchRequest, ...] = ()
+    drains: tuple[DrainRequest, ...] = ()
+    placement: Placement = Placement()
+    reason: str = ""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.launches and not self.drains
+
+
+class FleetView(Frozen):
+    """Everything a policy may know at one tick; built once by observe, never changed after."""
+
+    now: float
+    tick: NonNegativeInt
+    fleet_id: str
+    pools: tuple[PoolView, ...]
+    onprem: tuple[OnPremNode, ...] = ()
+    instances: tuple[CloudNode, ...] = ()
+    demand: Demand = Demand()
+    notices: tuple[InterruptionNotice, ...] = ()
+    last_plan: Plan | None = None
+
+    @cached_property
+    def pool_by_name(self) -> Mapping[str, PoolView]:
+        return {p.pool.name: p for p in self.pools}
+
+    @cached_property
+    def instances_by_pool(self) -> Mapping[str, tuple[CloudNode, ...]]:
+        grouped: dict[str, list[CloudNode]] = {p.pool.name: [] for p in self.pools}
+        for node in self.instances:
+            grouped.setdefault(node.pool, []).append(node)
+        return {name: tuple(nodes) for name, nodes in grouped.items()}
+
+    @property
+    def onprem_gpus(self) -> int:
+        return sum(n.gpus for n in self.onprem)
+
+    @property
+    def onprem_gpus_free(self) -> int:
+        return sum(n.gpus_free for n in self.onprem)
+
+    def cost_per_hour(self) -> float:
+        """What the live instances cost per hour at this tick's prices."""
+        total = 0.0
+        for name, nodes in self.instances_by_pool.items():
+            view = self.pool_by_name.get(name)
+            if view is None or view.price is None:
+                continue
+            live = sum(1 for n in nodes if n.state in LIVE_STATES)
+            total += live * view.price.price_per_hour
+        return total

@@ -1,0 +1,172 @@
+"""Observe: read every source once and build the tick's immutable ``FleetView``.
+
+A source that fails degrades the view instead of killing the tick: a failed cloud listing leaves
+that cloud's records as they were (never "gone"), a failed queue source marks demand unknown
+(never "zero"), and a failed node source leaves utilisation unknown (never "idle").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.capacity import CapacityCache, InterruptionHistory
+from autoscaler.config import ControllerConfig
+from autoscaler.errors import describe
+from autoscaler.lifecycle import InstanceTable, SyncReport
+from autoscaler.model import (
+    CloudNode,
+    Demand,
+    DemandGroup,
+    FleetView,
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    Plan,
+    Pool,
+    PoolView,
+    PriceQuote,
+)
+from autoscaler.provider import Provider
+from autoscaler.sources import NodeReading, NodeSource, NodeUsage, QueueSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Observation:
+    view: FleetView
+    sync: SyncReport
+    errors: list[str] = field(default_factory=list)
+    failed_providers: set[str] = field(default_factory=set)
+
+
+class Observer:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        providers: Mapping[str, Provider],
+        queue_sources: Sequence[QueueSource],
+        node_source: NodeSource | None,
+        table: InstanceTable,
+        capacity: CapacityCache,
+        history: InterruptionHistory,
+    ) -> None:
+        self.config = config
+        self.providers = providers
+        self.queue_sources = list(queue_sources)
+        self.node_source = node_source
+        self.table = table
+        self.capacity = capacity
+        self.history = history
+        self._pool_provider = {p.name: p.provider for p in config.pools}
+        self._pools_by_provider: dict[str, list[Pool]] = {}
+        for pool in config.pools:
+            self._pools_by_provider.setdefault(pool.provider, []).append(pool)
+        self._last_prices: dict[str, PriceQuote] = {}
+
+    def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
+        errors: list[str] = []
+        listed: list[Instance] = []
+        notices: list[InterruptionNotice] = []
+        listed_ok: set[str] = set()
+        failed: set[str] = set()
+        for name, provider in self.providers.items():
+            try:
+                listed.extend(provider.list_instances(self.config.fleet_id))
+                listed_ok.add(name)
+            except Exception as exc:
+                failed.add(name)
+                errors.append(f"provider {name}: listing failed: {describe(exc)}")
+                continue
+            try:
+                notices.extend(provider.poll_notices())
+            except Exception as exc:
+                errors.append(f"provider {name}: notices failed: {describe(exc)}")
+            pools = self._pools_by_provider.get(name, [])
+            if pools:
+                try:
+                    for quote in provider.prices(pools):
+                        self._last_prices[quote.pool] = quote
+                except Exception as exc:
+                    errors.append(f"provider {name}: prices failed: {describe(exc)}")
+        sync = self.table.sync(listed, now, listed_ok, self._pool_provider)
+
+        running: dict[str, int] = {}
+        for record in self.table.live():
+            if record.state is InstanceState.RUNNING:
+                running[record.pool] = running.get(record.pool, 0) + 1
+        self.history.expose(running, now)
+        demand = self._read_demand(now, errors)
+        reading = self._read_nodes(now, errors)
+        owned = {r.id for r in self.table.live()}
+        view = FleetView.model_construct(
+            now=now,
+            tick=tick,
+            fleet_id=self.config.fleet_id,
+            pools=self._pool_views(now),
+            onprem=reading.onprem,
+            instances=self._cloud_nodes(reading.cloud),
+            demand=demand,
+            notices=tuple(n for n in notices if n.instance_id in owned),
+            last_plan=last_plan,
+        )
+        for message in errors:
+            log.warning("observe: %s", message)
+        return Observation(view, sync, errors, failed)
+
+    def _read_demand(self, now: float, errors: list[str]) -> Demand:
+        groups: list[DemandGroup] = []
+        failed: list[str] = []
+        for source in self.queue_sources:
+            try:
+                groups.extend(source.read(now))
+            except Exception as exc:
+                failed.append(source.name)
+                errors.append(f"queue source {source.name}: {describe(exc)}")
+        return Demand.model_construct(
+            groups=tuple(groups), known=not failed, failed_sources=tuple(failed)
+        )
+
+    def _read_nodes(self, now: float, errors: list[str]) -> NodeReading:
+        if self.node_source is None:
+            return NodeReading()
+        try:
+            return self.node_source.read_nodes(now)
+        except Exception as exc:
+            errors.append(f"node source {self.node_source.name}: {describe(exc)}")
+            return NodeReading()
+
+    def _cloud_nodes(self, usage: Mapping[str, NodeUsage]) -> tuple[CloudNode, ...]:
+        nodes = []
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            nodes.append(
+                CloudNode.model_construct(
+                    instance_id=record.id,
+                    pool=record.pool,
+                    state=record.state,
+                    launched_at=record.launched_at,
+                    gpus=record.gpus,
+                    gpus_allocated=seen.gpus_allocated if seen else 0,
+                    gpu_util_pct=seen.gpu_util_pct if seen else None,
+                    idle_since=seen.idle_since if seen else None,
+                    empty_since=seen.empty_since if seen else None,
+                    joined=seen is not None,
+                )
+            )
+        return tuple(nodes)
+
+    def _pool_views(self, now: float) -> tuple[PoolView, ...]:
+        return tuple(
+            PoolView.model_construct(
+                pool=pool,
+                price=self._last_prices.get(pool.name),
+                unavailable_until=self.capacity.unavailable_until(pool.name, now),
+                risky_until=self.history.risky_until(pool.name, now),
+                recent_interruptions=self.history.recent(pool.name, now),
+                recent_instance_hours=self.history.exposure_hours(pool.name, now),
+            )
+            for pool in self.config.pools
+        )

@@ -1,0 +1,56 @@
+"""The provider protocol: the small surface every cloud (and the simulator) implements.
+
+Modelled on SkyPilot's per-cloud provision interface and Karpenter's cloud provider: a handful of
+calls, idempotent by request id, with failures mapped onto the typed errors in ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from autoscaler.errors import ProviderError
+from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
+
+FLEET_TAG = "gpu-autoscaler/fleet"
+POOL_TAG = "gpu-autoscaler/pool"
+REQUEST_TAG = "gpu-autoscaler/request"
+LAUNCHED_AT_TAG = "gpu-autoscaler/launched-at"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What a launch produced. Partial fulfilment is normal for spot: ``shortfall`` says why."""
+
+    instances: tuple[Instance, ...]
+    shortfall: ProviderError | None = None
+    already_existed: bool = False
+
+
+@dataclass(frozen=True)
+class ProviderSnapshot:
+    """One provider's answer for a tick; ``error`` set means the listing is not to be trusted."""
+
+    instances: tuple[Instance, ...] = ()
+    notices: tuple[InterruptionNotice, ...] = ()
+    prices: tuple[PriceQuote, ...] = ()
+    errors: tuple[ProviderError, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A cloud as the core sees it. Every instance it launches carries the fleet, pool and request
+    tags, and ``list_instances``/``terminate`` only ever see and touch instances so tagged."""
+
+    name: str
+
+    def list_instances(self, fleet_id: str) -> list[Instance]: ...
+
+    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult: ...
+
+    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None: ...
+
+    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]: ...
+
+    def poll_notices(self) -> list[InterruptionNotice]: ...

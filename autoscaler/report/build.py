@@ -1,0 +1,272 @@
+"""Turn replays into the report: summaries, ratios to the lower bound, stated assumptions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from autoscaler.report.model import (
+    GpuHours,
+    LowerBoundResult,
+    Percentiles,
+    PolicyResult,
+    PolicyTimeline,
+    PoolCost,
+    PoolRow,
+    Report,
+    Series,
+    WindowInfo,
+)
+from autoscaler.sim.engine import Prepared, SimResult, Timeline
+
+HOUR = 3600.0
+DEFAULT_POLICY = "cost-aware"
+MAX_POINTS = 1500
+
+
+def percentiles(values: Sequence[float]) -> Percentiles:
+    """Nearest-rank percentiles (the value at or below which p % of the values lie)."""
+    if not values:
+        return Percentiles(p50=0.0, p95=0.0, p99=0.0, max=0.0)
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+    return Percentiles(p50=rank(0.50), p95=rank(0.95), p99=rank(0.99), max=ordered[-1])
+
+
+def _series(times: Sequence[float], values: Sequence[float]) -> Series:
+    step = max(1, math.ceil(len(times) / MAX_POINTS))
+    picked = range(0, len(times), step)
+    return Series(
+        t_hours=[round(times[i] / HOUR, 4) for i in picked],
+        values=[round(values[i], 4) for i in picked],
+    )
+
+
+def _wait_by_hour(result: SimResult, prepared: Prepared) -> Series:
+    jobs = [j for j in prepared.selection.jobs if not j.carried]
+    buckets: dict[int, list[float]] = {}
+    for job, wait in zip(jobs, result.waits_s, strict=True):
+        buckets.setdefault(int(job.submit // HOUR), []).append(wait)
+    hours = sorted(buckets)
+    return Series(
+        t_hours=[float(h) for h in hours], values=[percentiles(buckets[h]).p95 for h in hours]
+    )
+
+
+def _timeline(result: SimResult, prepared: Prepared) -> PolicyTimeline:
+    line: Timeline = result.timeline
+    return PolicyTimeline(
+        cost=_series(line.t, line.cost),
+        cost_per_hour=_series(line.t, line.cost_per_hour),
+        pending_gpus=_series(line.t, line.pending_gpus),
+        running_gpus=_series(line.t, line.running_gpus),
+        cloud_gpus=_series(line.t, line.cloud_gpus),
+        onprem_busy_gpus=_series(line.t, line.onprem_busy_gpus),
+        wait_p95_by_hour=_wait_by_hour(result, prepared),
+    )
+
+
+def policy_result(
+    result: SimResult, prepared: Prepared, bounds: Sequence[LowerBoundResult]
+) -> PolicyResult:
+    allocated_cloud = (
+        result.allocated_gpu_s.get("spot", 0.0) + result.allocated_gpu_s.get("on-demand", 0.0)
+    ) / HOUR
+    cloud_paid = result.cloud_paid_gpu_s / HOUR
+    useful = result.useful_gpu_s / HOUR
+    onprem_capacity = result.onprem_gpus * result.horizon_s / HOUR
+    ratios: dict[str, float | None] = {}
+    for bound in bounds:
+        key = f"W={bound.max_wait_s:g}s"
+        ratios[key] = result.cost / bound.cost if bound.cost else None
+    return PolicyResult(
+        policy=result.policy,
+        label=result.label,
+        params=result.params,
+        cost=round(result.cost, 2),
+        cost_by_pool=[
+            PoolCost(
+                pool=p,
+                cost=round(c, 2),
+                instance_hours=round(result.instance_hours_by_pool.get(p, 0.0), 2),
+            )
+            for p, c in result.cost_by_pool.items()
+            if c > 0 or result.instance_hours_by_pool.get(p)
+        ],
+        cost_per_useful_gpu_hour=round(result.cost / useful, 4) if useful else None,
+        wait_s=percentiles(result.waits_s),
+        jobs_total=result.jobs_total,
+        jobs_finished=result.jobs_finished,
+        jobs_never_started=result.jobs_never_started,
+        gpu_hours=GpuHours(
+            useful=round(useful, 2),
+            allocated_onprem=round(result.allocated_gpu_s.get("onprem", 0.0) / HOUR, 2),
+            allocated_cloud=round(allocated_cloud, 2),
+            cloud_paid=round(cloud_paid, 2),
+            cloud_idle=round(max(0.0, cloud_paid - allocated_cloud), 2),
+            lost=round(result.lost_gpu_s / HOUR, 2),
+            checkpointing=round(result.checkpoint_gpu_s / HOUR, 2),
+        ),
+        onprem_utilisation=round(
+            result.allocated_gpu_s.get("onprem", 0.0) / HOUR / onprem_capacity, 4
+        )
+        if onprem_capacity
+        else 0.0,
+        interruptions=result.interruptions,
+        checkpoints=result.checkpoints,
+        requeues=result.requeues,
+        instances_launched=result.launched,
+        capacity_failures=result.capacity_failures,
+        held_ticks=result.held_ticks,
+        clamps=dict(sorted(result.clamps.items())),
+        ratio_to_lower_bound=ratios,
+        ticks=result.ticks,
+        replay_wall_s=round(result.wall_s, 2),
+        tick_ms=percentiles(result.tick_ms),
+        timeline=_timeline(result, prepared),
+    )
+
+
+def assumptions(prepared: Prepared) -> list[str]:
+    scenario = prepared.loaded.scenario
+    lines = []
+    if scenario.checkpointing:
+        for rule in scenario.checkpointing:
+            lines.append("Checkpointing: " + rule.describe() + " (first matching rule wins).")
+        lines.append(
+            "Checkpointing: jobs no rule matches do not checkpoint; an interrupted job "
+            "keeps the work up to its last finished checkpoint."
+        )
+    else:
+        lines.append("Checkpointing: no job checkpoints (the scenario states no rule).")
+    if scenario.high_priority is not None:
+        shown = scenario.high_priority.model_dump(exclude_none=True)
+        lines.append(f"High priority: jobs matching {shown}.")
+    lines.append(
+        "Each job takes whole GPUs on one node (a GPU-sharing pod takes a whole GPU); its "
+        "trace GPU fraction is used as its measured GPU utilisation."
+    )
+    lines.append(
+        "Jobs still running when the window opens enter at its start with the work they "
+        "had left, and are left out of the wait statistics."
+    )
+    lines.append(
+        "Queue wait is the total time a job spent pending (first wait plus waits after "
+        "requeues); a job still pending at the end counts the time until then."
+    )
+    boots = sorted({p.boot_seconds for p in scenario.controller.pools})
+    lines.append(
+        "Cloud nodes take " + "/".join(f"{b:g}" for b in boots) + " s from launch to "
+        "joining the scheduler and are billed from launch, per second, at the price of "
+        "each moment."
+    )
+    leads = ", ".join(f"{k} {v:g} s" for k, v in sorted(scenario.notice_lead_s.items()))
+    lines.append(f"Interruption notice lead time: {leads}.")
+    lines.append(
+        "Prices: the latest observation at or before each moment of the replay, reading "
+        f"the histories as if the replay started at {scenario.start}; zonal prices without "
+        "a chosen zone are the median of the zones."
+    )
+    lines.append(
+        "Spot availability: a 1-node trace at 0 means no capacity (launches fail, "
+        "running instances are interrupted); at 1, unlimited up to the pool's limit. A "
+        "multi-node trace caps the pool at its count. Short traces loop."
+    )
+    lines.append(
+        "On-prem GPUs cost nothing in the report; cloud cost is what the instances were billed."
+    )
+    return lines
+
+
+def _pool_rows(prepared: Prepared) -> list[PoolRow]:
+    rows = []
+    for pool in prepared.loaded.scenario.controller.pools:
+        market = prepared.markets[pool.name]
+        if market.availability is not None:
+            model = f"availability trace {market.availability.trace_id}"
+        elif market.interruption_rate_per_hour:
+            model = f"{market.interruption_rate_per_hour:.5f}/instance-hour"
+        else:
+            model = "none" if not pool.is_spot else "none given"
+        rows.append(
+            PoolRow(
+                name=pool.name,
+                provider=pool.provider,
+                region=pool.region,
+                zone=pool.zone,
+                instance_type=pool.instance_type,
+                gpus=pool.gpus_per_instance,
+                market=str(pool.market),
+                price_per_hour_at_start=round(market.price.at(0.0), 4),
+                interruptions=model,
+            )
+        )
+    return rows
+
+
+def _findings(
+    policies: Sequence[PolicyResult], default: str, bounds: Sequence[LowerBoundResult]
+) -> list[str]:
+    chosen = next((p for p in policies if p.policy == default), None)
+    if chosen is None:
+        return []
+    lines = []
+    for other in policies:
+        if other is chosen:
+            continue
+        ratio = chosen.cost / other.cost if other.cost else math.inf
+        lines.append(
+            f"{chosen.label} costs {ratio:.2f}x {other.label} "
+            f"(${chosen.cost:,.0f} vs ${other.cost:,.0f}) "
+            f"at p95 wait {chosen.wait_s.p95:.0f} s vs {other.wait_s.p95:.0f} s."
+        )
+    for bound in bounds:
+        if bound.cost:
+            lines.append(
+                f"{chosen.label} costs {chosen.cost / bound.cost:.2f}x the offline lower bound "
+                f"for a {bound.max_wait_s:g} s maximum wait (${bound.cost:,.0f})."
+            )
+    return lines
+
+
+def build_report(
+    prepared: Prepared, results: Sequence[SimResult], bounds: Sequence[LowerBoundResult]
+) -> Report:
+    loaded = prepared.loaded
+    scenario = loaded.scenario
+    selection = prepared.selection
+    policies = [policy_result(r, prepared, bounds) for r in results]
+    default = (
+        DEFAULT_POLICY if any(p.policy == DEFAULT_POLICY for p in policies) else policies[0].policy
+    )
+    submitted = (
+        sum(j.gpus * min(j.duration, selection.horizon_s - j.submit) for j in selection.jobs) / HOUR
+    )
+    return Report(
+        scenario=scenario.name,
+        description=scenario.description,
+        source=loaded.source,
+        seed=scenario.seed,
+        start=scenario.start,
+        wait_target_s=scenario.wait_target_s,
+        onprem_gpus=sum(n.gpus * n.count for n in scenario.onprem),
+        window=WindowInfo(
+            trace=selection.source,
+            start_s=selection.window_start_s,
+            end_s=selection.window_end_s,
+            days=round(selection.horizon_s / 86400, 3),
+            jobs=len(selection.jobs),
+            carried_jobs=sum(1 for j in selection.jobs if j.carried),
+            gpu_hours_submitted=round(submitted, 2),
+            skipped=selection.skipped,
+        ),
+        assumptions=assumptions(prepared),
+        pools=_pool_rows(prepared),
+        lower_bounds=list(bounds),
+        policies=policies,
+        default_policy=default,
+        findings=_findings(policies, default, bounds),
+    )

@@ -1,0 +1,345 @@
+"""The dry run: replay a trace through the REAL controller, event by event.
+
+The world (job arrivals and completions, instance boots, capacity changes, interruptions) is
+simulated exactly in continuous time; the controller ticks every ``tick_seconds`` of simulated
+time, reads the simulated scheduler and clouds through the same interfaces it reads live, and
+acts through the ``sim`` provider found in the provider registry. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoscaler.clock import ManualClock
+from autoscaler.controller import Controller
+from autoscaler.errors import InputError
+from autoscaler.model import Capacity
+from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
+from autoscaler.retry import RetryPolicy
+from autoscaler.sim.cloud import PoolMarketModel, SimCloud
+from autoscaler.sim.market import AvailabilityFile, PriceBook, SpotAdvisor
+from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket
+from autoscaler.sim.scheduler import SimJob, SimScheduler
+from autoscaler.sim.series import StepSeries
+from autoscaler.sim.trace import TraceSelection, load_trace
+
+_ORDER = {"reclaim": 0, "finish": 1, "ready": 2, "capacity": 3, "interrupt": 4}
+
+
+@dataclass
+class Prepared:
+    """What every policy's replay shares: the jobs and the markets, read once."""
+
+    loaded: LoadedScenario
+    selection: TraceSelection
+    markets: dict[str, PoolMarketModel]
+
+    @property
+    def horizon_s(self) -> float:
+        return self.selection.horizon_s
+
+
+@dataclass
+class Timeline:
+    """Sampled once per controller tick."""
+
+    t: array[float] = field(default_factory=lambda: array("d"))
+    cost: array[float] = field(default_factory=lambda: array("d"))
+    cost_per_hour: array[float] = field(default_factory=lambda: array("d"))
+    pending_gpus: array[float] = field(default_factory=lambda: array("d"))
+    running_gpus: array[float] = field(default_factory=lambda: array("d"))
+    cloud_gpus: array[float] = field(default_factory=lambda: array("d"))
+    onprem_busy_gpus: array[float] = field(default_factory=lambda: array("d"))
+
+
+@dataclass
+class SimResult:
+    policy: str
+    label: str
+    params: dict[str, Any]
+    horizon_s: float
+    cost: float
+    cost_by_pool: dict[str, float]
+    instance_hours_by_pool: dict[str, float]
+    waits_s: list[float]
+    jobs_total: int
+    jobs_finished: int
+    jobs_never_started: int
+    useful_gpu_s: float
+    allocated_gpu_s: dict[str, float]
+    lost_gpu_s: float
+    checkpoint_gpu_s: float
+    cloud_paid_gpu_s: float
+    onprem_gpus: int
+    interruptions: int
+    checkpoints: int
+    requeues: int
+    launched: int
+    capacity_failures: int
+    held_ticks: int
+    clamps: dict[str, int]
+    ticks: int
+    tick_ms: list[float]
+    wall_s: float
+    timeline: Timeline
+
+
+def prepare(loaded: LoadedScenario) -> Prepared:
+    scenario = loaded.scenario
+    selection = load_trace(
+        loaded.path(scenario.trace.file),
+        scenario.trace,
+        scenario.checkpointing,
+        scenario.high_priority,
+        scenario.seed,
+    )
+    return Prepared(loaded, selection, build_markets(loaded))
+
+
+def build_markets(loaded: LoadedScenario) -> dict[str, PoolMarketModel]:
+    scenario = loaded.scenario
+    spec = scenario.market
+    book = PriceBook([loaded.path(f) for f in spec.price_files])
+    advisor = (
+        SpotAdvisor(loaded.path(spec.advisor_file), spec.advisor_snapshot)
+        if spec.advisor_file
+        else None
+    )
+    availability = (
+        AvailabilityFile(loaded.path(spec.availability_file)) if spec.availability_file else None
+    )
+    origin = scenario.start_epoch
+    markets: dict[str, PoolMarketModel] = {}
+    for index, pool in enumerate(scenario.controller.pools):
+        where = loaded.source
+        field_name = f"controller.pools[{index}]"
+        market = spec.pools.get(pool.name, PoolMarket())
+        if market.price_per_hour is not None:
+            price: StepSeries | None = StepSeries([0.0], [market.price_per_hour])
+            source = "fixed in scenario"
+        else:
+            price = book.series(
+                pool.provider,
+                pool.region,
+                pool.instance_type,
+                spot=pool.is_spot,
+                zone=market.price_zone,
+                origin=origin,
+            )
+            source = ", ".join(book.files)
+        kind = "spot" if pool.is_spot else "on-demand"
+        if price is None:
+            raise InputError(
+                where,
+                f"no {kind} price for {pool.provider} {pool.region} "
+                f"{pool.instance_type}{' zone ' + market.price_zone if market.price_zone else ''}"
+                " in market.price_files",
+                field=field_name,
+            )
+        if price.times[0] > 0:
+            raise InputError(
+                where,
+                f"the first {kind} price for pool {pool.name!r} is "
+                f"{price.times[0] / 86400:.1f} days after the scenario start; "
+                "move start later or add older prices",
+                field=field_name,
+            )
+        on_demand = book.series(
+            pool.provider, pool.region, pool.instance_type, spot=False, zone=None, origin=origin
+        )
+        trace = None
+        if market.availability_trace is not None:
+            if availability is None:
+                raise InputError(
+                    where,
+                    "availability_trace needs market.availability_file",
+                    field=f"market.pools.{pool.name}",
+                )
+            trace = availability.trace(
+                market.availability_trace, market.availability_offset_s, market.availability_loop
+            )
+        quoted = (
+            advisor.rate_per_hour(pool.region, pool.instance_type)
+            if (advisor is not None and pool.is_spot and pool.provider == "aws")
+            else None
+        )
+        rate = market.interruption_rate_per_hour
+        if rate is None and trace is None and pool.is_spot:
+            rate = quoted
+        if pool.is_spot and trace is None and rate is None:
+            raise InputError(
+                where,
+                f"spot pool {pool.name!r} has no interruption model: give "
+                "market.pools.<pool>.availability_trace or interruption_rate_per_hour",
+                field=field_name,
+            )
+        markets[pool.name] = PoolMarketModel(price, on_demand, trace, rate, quoted, source)
+    return markets
+
+
+def simulate(
+    prepared: Prepared,
+    spec: PolicySpec,
+    index: int = 0,
+    progress: Callable[[float], None] | None = None,
+    policy: Policy | None = None,
+) -> SimResult:
+    """Replay the prepared scenario through the controller with one policy.
+
+    The policy is looked up by ``spec.name`` in the policy registry, or given directly (to test a
+    policy before it is packaged as a plugin).
+    """
+    started_wall = time.perf_counter()
+    loaded = prepared.loaded
+    scenario = loaded.scenario
+    config = scenario.controller
+    horizon = prepared.horizon_s
+    clock = ManualClock(0.0)
+    heap: list[tuple[float, int, int, str, Any]] = []
+    counter = itertools.count()
+
+    def post(when: float, kind: str, payload: object) -> None:
+        if when <= horizon:
+            heapq.heappush(heap, (when, _ORDER[kind], next(counter), kind, payload))
+
+    def on_start(job: SimJob, end: float) -> None:
+        post(end, "finish", (job, job.run_id))
+
+    scheduler = SimScheduler(clock, scenario.idle_util_pct, on_start)
+    onprem_gpus = 0
+    for node in scenario.onprem:
+        for i in range(node.count):
+            name = node.name if node.count == 1 else f"{node.name}-{i}"
+            scheduler.add_node(name, node.gpus, Capacity.ONPREM, None, 0.0, node.gpu_model)
+            onprem_gpus += node.gpus
+    cloud = SimCloud(
+        config.pools, prepared.markets, scenario.notice_lead_s, scenario.seed, scheduler, post
+    )
+    for name, market in prepared.markets.items():
+        if market.availability is not None:
+            post(market.availability.next_change(0.0), "capacity", name)
+    provider_factory = load_entry_point(PROVIDER_GROUP, "sim", "provider")
+    providers = {p.provider: provider_factory(cloud, p.provider, clock) for p in config.pools}
+    if policy is None:
+        policy = load_policy(
+            spec.name, spec.params, where=loaded.source, field_prefix=f"policies[{index}].params"
+        )
+    controller = Controller(
+        config,
+        policy,
+        providers,
+        clock,
+        [scheduler],
+        scheduler,
+        scheduler,
+        incarnation="sim",
+        retry=RetryPolicy(attempts=1, sleep=lambda _s: None),
+    )
+
+    jobs = prepared.selection.jobs
+    next_arrival = 0
+    next_tick = 0.0
+    timeline = Timeline()
+    tick_ms: list[float] = []
+    clamps: dict[str, int] = {}
+    held = 0
+    while True:
+        t = min(
+            heap[0][0] if heap else math.inf,
+            jobs[next_arrival].submit if next_arrival < len(jobs) else math.inf,
+            next_tick,
+        )
+        if t > horizon:
+            break
+        clock.set(t)
+        while next_arrival < len(jobs) and jobs[next_arrival].submit <= t:
+            scheduler.submit(jobs[next_arrival], t)
+            next_arrival += 1
+        while heap and heap[0][0] <= t:
+            _, _, _, kind, payload = heapq.heappop(heap)
+            _dispatch(kind, payload, t, scheduler, cloud)
+        if next_tick <= t:
+            scheduler.schedule(t)
+            report = controller.tick()
+            tick_ms.append(report.duration_s * 1000.0)
+            if report.held is not None:
+                held += 1
+            for clamp in report.clamps:
+                clamps[clamp.rule] = clamps.get(clamp.rule, 0) + 1
+            _sample(timeline, t, cloud, scheduler)
+            next_tick += config.tick_seconds
+            if progress is not None:
+                progress(t)
+        scheduler.schedule(t)
+
+    clock.set(horizon)
+    cloud.settle(horizon)
+    scheduler.close(horizon)
+    accounting = scheduler.accounting
+    waits = [job.waited for job in scheduler.jobs if not job.trace.carried]
+    return SimResult(
+        policy=spec.name,
+        label=spec.title,
+        params=dict(spec.params),
+        horizon_s=horizon,
+        cost=cloud.total_cost(),
+        cost_by_pool={name: m.cost for name, m in cloud.meters.items()},
+        instance_hours_by_pool={name: m.instance_s / 3600 for name, m in cloud.meters.items()},
+        waits_s=waits,
+        jobs_total=len(scheduler.jobs),
+        jobs_finished=sum(1 for j in scheduler.jobs if j.finished_at is not None),
+        jobs_never_started=sum(1 for j in scheduler.jobs if j.first_start is None),
+        useful_gpu_s=accounting.useful_gpu_s,
+        allocated_gpu_s={str(k): v for k, v in accounting.allocated_gpu_s.items()},
+        lost_gpu_s=accounting.lost_gpu_s,
+        checkpoint_gpu_s=accounting.checkpoint_gpu_s,
+        cloud_paid_gpu_s=sum(m.gpu_s for m in cloud.meters.values()),
+        onprem_gpus=onprem_gpus,
+        interruptions=cloud.stats.interruptions,
+        checkpoints=accounting.checkpoints,
+        requeues=accounting.requeues,
+        launched=cloud.stats.launched,
+        capacity_failures=cloud.stats.capacity_failures,
+        held_ticks=held,
+        clamps=clamps,
+        ticks=controller.ticks,
+        tick_ms=tick_ms,
+        wall_s=time.perf_counter() - started_wall,
+        timeline=timeline,
+    )
+
+
+def _dispatch(
+    kind: str, payload: Any, now: float, scheduler: SimScheduler, cloud: SimCloud
+) -> None:
+    if kind == "finish":
+        job, run_id = payload
+        scheduler.finish(job, run_id, now)
+    elif kind == "ready":
+        cloud.ready(payload, now)
+    elif kind == "capacity":
+        cloud.capacity_changed(payload, now)
+    elif kind == "interrupt":
+        cloud.interrupt(payload, now)
+    elif kind == "reclaim":
+        cloud.reclaim(payload, now)
+
+
+def _sample(timeline: Timeline, t: float, cloud: SimCloud, scheduler: SimScheduler) -> None:
+    cloud.settle(t)
+    running = sum(scheduler.busy_gpus.values())
+    onprem_busy = scheduler.busy_gpus[Capacity.ONPREM]
+    timeline.t.append(t)
+    timeline.cost.append(cloud.total_cost())
+    timeline.cost_per_hour.append(cloud.cost_per_hour(t))
+    timeline.pending_gpus.append(scheduler.pending_gpus)
+    timeline.running_gpus.append(running)
+    timeline.cloud_gpus.append(cloud.live_gpus())
+    timeline.onprem_busy_gpus.append(onprem_busy)

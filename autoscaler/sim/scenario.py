@@ -1,0 +1,222 @@
+"""The scenario file: everything a dry run needs that a live controller would learn from the world.
+
+It names the trace and the window to replay, what the trace does not record (which jobs
+checkpoint, how often and for how long; which are high priority), the on-prem fleet, the
+controller config with its pools, where each pool's prices and interruptions come from, and the
+policies to compare. Paths are relative to the scenario file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from autoscaler.config import ControllerConfig
+from autoscaler.errors import InputError
+from autoscaler.inputfile import read_yaml, validate_document
+from autoscaler.model import Frozen, Name
+from autoscaler.sim.csvfile import parse_timestamp
+
+
+class JobMatch(Frozen):
+    """Selects trace jobs by what the trace records. Every given condition must hold."""
+
+    priority_class: tuple[str, ...] | None = None
+    preemptible: bool | None = None
+    min_gpus: PositiveInt | None = None
+    max_gpus: PositiveInt | None = None
+    user_group: tuple[str, ...] | None = None
+    min_gpu_fraction: float | None = Field(None, gt=0, le=1)
+    max_gpu_fraction: float | None = Field(None, gt=0, le=1)
+
+    def matches(
+        self,
+        priority_class: str,
+        preemptible: bool,
+        gpus: int,
+        user_group: str,
+        gpu_fraction: float = 1.0,
+    ) -> bool:
+        if self.min_gpu_fraction is not None and gpu_fraction < self.min_gpu_fraction:
+            return False
+        if self.max_gpu_fraction is not None and gpu_fraction > self.max_gpu_fraction:
+            return False
+        if self.priority_class is not None and priority_class not in self.priority_class:
+            return False
+        if self.preemptible is not None and preemptible != self.preemptible:
+            return False
+        if self.min_gpus is not None and gpus < self.min_gpus:
+            return False
+        if self.max_gpus is not None and gpus > self.max_gpus:
+            return False
+        return self.user_group is None or user_group in self.user_group
+
+
+class CheckpointRule(Frozen):
+    """Jobs matching ``match`` (a ``fraction`` of them, chosen by the seed) checkpoint every
+    ``interval_s`` seconds of work, each checkpoint taking ``duration_s``."""
+
+    match: JobMatch = JobMatch()
+    fraction: float = Field(1.0, ge=0, le=1)
+    interval_s: PositiveFloat
+    duration_s: NonNegativeFloat = 0.0
+
+    def describe(self) -> str:
+        conditions = [f"{k}={v}" for k, v in self.match.model_dump(exclude_none=True).items()]
+        who = " and ".join(conditions) if conditions else "all jobs"
+        share = f"{self.fraction:.0%} of " if self.fraction < 1 else ""
+        return (
+            f"{share}{who}: checkpoint every {self.interval_s:g} s of work, "
+            f"{self.duration_s:g} s per checkpoint"
+        )
+
+
+class TraceSpec(Frozen):
+    file: str
+    busiest_days: PositiveFloat | None = None
+    window_start_s: NonNegativeFloat | None = None
+    window_end_s: PositiveFloat | None = None
+    include_running_at_start: bool = True
+    max_jobs: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_window(self) -> TraceSpec:
+        if self.busiest_days is not None and (
+            self.window_start_s is not None or self.window_end_s is not None
+        ):
+            raise ValueError("give either busiest_days or window_start_s/window_end_s, not both")
+        if (
+            self.window_start_s is not None
+            and self.window_end_s is not None
+            and self.window_end_s <= self.window_start_s
+        ):
+            raise ValueError("window_end_s must be after window_start_s")
+        return self
+
+
+class OnPremNodeSpec(Frozen):
+    name: Name
+    gpus: PositiveInt
+    gpu_model: str | None = None
+    count: PositiveInt = 1
+
+
+class PoolMarket(Frozen):
+    price_zone: str | None = None
+    price_per_hour: NonNegativeFloat | None = None
+    availability_trace: str | None = None
+    availability_offset_s: NonNegativeFloat = 0.0
+    availability_loop: bool = True
+    interruption_rate_per_hour: NonNegativeFloat | None = None
+
+
+class MarketSpec(Frozen):
+    price_files: tuple[str, ...] = ()
+    availability_file: str | None = None
+    advisor_file: str | None = None
+    advisor_snapshot: str | None = None
+    pools: dict[str, PoolMarket] = Field(default_factory=dict)
+
+
+class PolicySpec(Frozen):
+    name: str
+    label: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+
+class LowerBoundSpec(Frozen):
+    enabled: bool = True
+    bin_seconds: PositiveFloat = 300.0
+
+
+class Scenario(Frozen):
+    name: str
+    description: str = ""
+    seed: int = 0
+    start: str
+    wait_target_s: NonNegativeFloat = 600.0
+    idle_util_pct: float = Field(5.0, ge=0, le=100)
+    trace: TraceSpec
+    checkpointing: tuple[CheckpointRule, ...] = ()
+    high_priority: JobMatch | None = None
+    onprem: tuple[OnPremNodeSpec, ...] = ()
+    notice_lead_s: dict[str, NonNegativeFloat] = Field(
+        default_factory=lambda: {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+    )
+    controller: ControllerConfig
+    policies: tuple[PolicySpec, ...] = Field(min_length=1)
+    market: MarketSpec = MarketSpec()
+    lower_bound: LowerBoundSpec = LowerBoundSpec()
+
+    @field_validator("start")
+    @classmethod
+    def _iso_start(cls, value: str) -> str:
+        try:
+            parse_timestamp(value, "start")
+        except InputError:
+            raise ValueError(
+                f"expected an ISO-8601 time such as 2023-05-15T00:00:00Z, got {value!r}"
+            ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _pools_exist(self) -> Scenario:
+        names = {p.name for p in self.controller.pools}
+        for name in self.market.pools:
+            if name not in names:
+                raise ValueError(
+                    f"market.pools names {name!r}, which is not a pool in controller.pools"
+                )
+        for pool in self.controller.pools:
+            if pool.is_spot and pool.provider not in self.notice_lead_s:
+                raise ValueError(
+                    f"pool {pool.name!r} is spot on {pool.provider!r}, "
+                    "which has no notice_lead_s entry"
+                )
+        return self
+
+    @property
+    def start_epoch(self) -> float:
+        return parse_timestamp(self.start, "start")
+
+
+class LoadedScenario:
+    """A validated scenario and the folder its relative paths are resolved against."""
+
+    def __init__(self, scenario: Scenario, base: Path, source: str) -> None:
+        self.scenario = scenario
+        self.base = base
+        self.source = source
+
+    def path(self, relative: str) -> Path:
+        candidate = Path(relative)
+        return candidate if candidate.is_absolute() else self.base / candidate
+
+
+def load_scenario(path: Path | str) -> LoadedScenario:
+    path = Path(path)
+    document = read_yaml(path)
+    scenario = validate_document(Scenario, document)
+    return LoadedScenario(scenario, path.resolve().parent, str(path))
+
+
+def default_scenario_path() -> Path:
+    return (
+        Path(__file__).resolve().parent.parent
+        / "data"
+        / "scenarios"
+        / "alibaba-openb-busy-25d.yaml"
+    )

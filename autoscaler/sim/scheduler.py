@@ -1,0 +1,411 @@
+"""The simulator's workload scheduler: FIFO with backfill over on-prem and cloud nodes.
+
+Jobs start in submission order; a job that fits nowhere does not hold back later jobs that do fit
+(backfill without reservations, as Kubernetes' scheduler does — a job that never fits is what
+the autoscaler is for). A job runs on one node. Within the tiers a placement rule allows, the
+node that fits most tightly wins. Each running job checkpoints on its own schedule; an
+interrupted job keeps the work up to its last finished checkpoint and goes back to the queue in
+its original order.
+
+The same object is the controller's queue source, node source and scheduler adapter in a dry
+run, so the controller reads and drives it through exactly the interfaces a real Slurm gets.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.clock import Clock
+from autoscaler.model import Capacity, DemandGroup, OnPremNode, Placement
+from autoscaler.sim.trace import TraceJob
+from autoscaler.sources import NodeReading, NodeUsage
+
+
+@dataclass(slots=True, eq=False)
+class SimJob:
+    trace: TraceJob
+    seq: int
+    pending_since: float
+    progress: float = 0.0
+    run_start: float | None = None
+    run_wall: float = 0.0
+    run_id: int = 0
+    node: SimNode | None = None
+    first_start: float | None = None
+    waited: float = 0.0
+    finished_at: float | None = None
+    interruptions: int = 0
+    lost_gpu_s: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.trace.gpus
+
+    def wall_for(self, remaining: float) -> float:
+        interval = self.trace.checkpoint_interval_s
+        if interval is None or remaining <= 0:
+            return max(remaining, 0.0)
+        return remaining + self.trace.checkpoint_duration_s * (math.ceil(remaining / interval) - 1)
+
+
+@dataclass(slots=True, eq=False)
+class SimNode:
+    name: str
+    gpus: int
+    kind: Capacity
+    pool: str | None
+    joined_at: float
+    free: int
+    jobs: dict[int, SimJob] = field(default_factory=dict)
+    leaving: bool = False
+    util: float = 0.0
+    idle_since: float | None = None
+    empty_since: float | None = None
+    gpu_model: str | None = None
+    version: int = 0
+
+
+@dataclass
+class Accounting:
+    """GPU-seconds by where they were spent; conserved: allocated = completed + lost + overhead."""
+
+    allocated_gpu_s: dict[Capacity, float] = field(
+        default_factory=lambda: dict.fromkeys(Capacity, 0.0)
+    )
+    lost_gpu_s: float = 0.0
+    checkpoint_gpu_s: float = 0.0
+    useful_gpu_s: float = 0.0
+    interruptions: int = 0
+    checkpoints: int = 0
+    requeues: int = 0
+
+
+BucketKey = tuple[int, float | None, bool]
+
+
+class SimScheduler:
+    name = "sim-scheduler"
+
+    def __init__(
+        self, clock: Clock, idle_util_pct: float, on_start: Callable[[SimJob, float], None]
+    ) -> None:
+        self.clock = clock
+        self.idle_fraction = idle_util_pct / 100.0
+        self.on_start = on_start
+        self.placement = Placement()
+        self.nodes: dict[str, SimNode] = {}
+        self.jobs: list[SimJob] = []
+        self.accounting = Accounting()
+        self._buckets: dict[BucketKey, list[tuple[int, SimJob]]] = {}
+        self._index: dict[Capacity, dict[int, dict[str, SimNode]]] = {k: {} for k in Capacity}
+        self._dirty = False
+        self._demand_cache: tuple[DemandGroup, ...] | None = None
+        self._onprem_cache: dict[str, tuple[int, OnPremNode]] = {}
+        self._max_free = 0
+        self.busy_gpus: dict[Capacity, int] = dict.fromkeys(Capacity, 0)
+
+    # -- the world changes -------------------------------------------------------------------
+
+    def submit(self, trace: TraceJob, now: float) -> SimJob:
+        job = SimJob(trace, seq=len(self.jobs), pending_since=now)
+        self.jobs.append(job)
+        self._enqueue(job)
+        return job
+
+    def add_node(
+        self,
+        name: str,
+        gpus: int,
+        kind: Capacity,
+        pool: str | None,
+        now: float,
+        gpu_model: str | None = None,
+    ) -> SimNode:
+        node = SimNode(
+            name, gpus, kind, pool, now, gpus, idle_since=now, empty_since=now, gpu_model=gpu_model
+        )
+        self.nodes[name] = node
+        self._index_add(node)
+        self._dirty = True
+        return node
+
+    def remove_node(self, name: str, now: float) -> int:
+        """The node is gone (terminated or reclaimed): its jobs lose unsaved work and requeue."""
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return 0
+        self._index_remove(node)
+        count = 0
+        for job in list(node.jobs.values()):
+            self._interrupt(job, now)
+            count += 1
+        return count
+
+    def finish(self, job: SimJob, run_id: int, now: float) -> None:
+        if job.run_id != run_id or job.node is None or job.run_start is None:
+            return
+        node = job.node
+        elapsed = now - job.run_start
+        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        remaining = job.trace.duration - job.progress
+        self.accounting.useful_gpu_s += job.gpus * remaining
+        self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - remaining)
+        interval = job.trace.checkpoint_interval_s
+        if interval is not None and remaining > 0:
+            self.accounting.checkpoints += math.ceil(remaining / interval) - 1
+        job.progress = job.trace.duration
+        job.finished_at = now
+        self._detach(job, now)
+
+    # -- the controller's adapter ------------------------------------------------------------
+
+    def apply_placement(self, placement: Placement) -> None:
+        if placement != self.placement:
+            self.placement = placement
+            self._dirty = True
+
+    def drain(self, node: str, reason: str) -> int:
+        found = self.nodes.get(node)
+        if found is None:
+            return 0
+        if not found.leaving:
+            self._index_remove(found)
+            found.leaving = True
+            found.version += 1
+        return len(found.jobs)
+
+    def evict(self, node: str, reason: str) -> int:
+        found = self.nodes.get(node)
+        if found is None:
+            return 0
+        jobs = list(found.jobs.values())
+        now = self.clock.now()
+        for job in jobs:
+            self._interrupt(job, now)
+        return len(jobs)
+
+    # -- the controller's sources ------------------------------------------------------------
+
+    def read(self, now: float) -> Sequence[DemandGroup]:
+        if self._demand_cache is None:
+            groups = []
+            for (gpus, interval, high), heap in sorted(self._buckets.items(), key=_bucket_order):
+                if heap:
+                    groups.append(
+                        DemandGroup.model_construct(
+                            gpus_per_job=gpus,
+                            jobs=len(heap),
+                            checkpoint_interval_s=interval,
+                            high_priority=high,
+                            gpu_model=None,
+                            oldest_submit_time=heap[0][1].trace.submit,
+                        )
+                    )
+            self._demand_cache = tuple(groups)
+        return self._demand_cache
+
+    def read_nodes(self, now: float) -> NodeReading:
+        onprem: list[OnPremNode] = []
+        cloud: dict[str, NodeUsage] = {}
+        for node in self.nodes.values():
+            if node.kind is Capacity.ONPREM:
+                cached = self._onprem_cache.get(node.name)
+                if cached is None or cached[0] != node.version:
+                    built = OnPremNode.model_construct(
+                        name=node.name,
+                        gpus=node.gpus,
+                        gpu_model=node.gpu_model,
+                        gpus_allocated=node.gpus - node.free,
+                        gpu_util_pct=100.0 * node.util / node.gpus,
+                        idle_since=node.idle_since,
+                        schedulable=not node.leaving,
+                    )
+                    cached = (node.version, built)
+                    self._onprem_cache[node.name] = cached
+                onprem.append(cached[1])
+            else:
+                cloud[node.name] = NodeUsage(
+                    node.gpus - node.free,
+                    100.0 * node.util / node.gpus,
+                    node.idle_since,
+                    node.empty_since,
+                )
+        return NodeReading(tuple(onprem), cloud)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return sum(len(h) for h in self._buckets.values())
+
+    @property
+    def pending_gpus(self) -> int:
+        return sum(key[0] * len(h) for key, h in self._buckets.items())
+
+    def close(self, now: float) -> None:
+        """End of the replay: count the work in flight, and the wait of jobs still queued (a
+        lower bound on what they would have waited)."""
+        for node in self.nodes.values():
+            for job in node.jobs.values():
+                assert job.run_start is not None
+                elapsed = now - job.run_start
+                interval = job.trace.checkpoint_interval_s
+                work = elapsed
+                if interval is not None:
+                    cycle = interval + job.trace.checkpoint_duration_s
+                    done = math.floor(elapsed / cycle)
+                    work = done * interval + min(interval, elapsed - done * cycle)
+                    self.accounting.checkpoints += done
+                work = min(work, job.trace.duration - job.progress)
+                self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+                self.accounting.useful_gpu_s += job.gpus * work
+                self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
+        for heap in self._buckets.values():
+            for _, job in heap:
+                job.waited += now - job.pending_since
+                job.pending_since = now
+
+    def schedule(self, now: float) -> int:
+        """Start every pending job that fits, in FIFO order with backfill; returns how many."""
+        if not self._dirty:
+            return 0
+        self._dirty = False
+        heads: list[tuple[int, BucketKey]] = []
+        for key, heap in self._buckets.items():
+            if heap and key[0] <= self._max_free:
+                heads.append((heap[0][0], key))
+        heapq.heapify(heads)
+        started = 0
+        while heads:
+            _, key = heapq.heappop(heads)
+            heap = self._buckets[key]
+            job = heap[0][1]
+            node = self._best_fit(job)
+            if node is None:
+                continue
+            heapq.heappop(heap)
+            self._demand_cache = None
+            self._start(job, node, now)
+            started += 1
+            if heap and key[0] <= self._max_free:
+                heapq.heappush(heads, (heap[0][0], key))
+        return started
+
+    def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
+        return self.placement.tiers(
+            job.trace.checkpoint_interval_s is not None, job.trace.high_priority
+        )
+
+    def _best_fit(self, job: SimJob) -> SimNode | None:
+        need = job.gpus
+        for kind in self._tiers(job):
+            by_free = self._index[kind]
+            best: int | None = None
+            for free, nodes in by_free.items():
+                if nodes and free >= need and (best is None or free < best):
+                    best = free
+            if best is not None:
+                return next(iter(by_free[best].values()))
+        return None
+
+    def _start(self, job: SimJob, node: SimNode, now: float) -> None:
+        self._index_remove(node)
+        node.free -= job.gpus
+        self.busy_gpus[node.kind] += job.gpus
+        node.jobs[job.seq] = job
+        node.util += job.gpus * job.trace.utilisation
+        node.empty_since = None
+        self._refresh_idle(node, now)
+        node.version += 1
+        self._index_add(node)
+        job.waited += now - job.pending_since
+        if job.first_start is None:
+            job.first_start = now
+        job.node = node
+        job.run_start = now
+        job.run_id += 1
+        job.run_wall = job.wall_for(job.trace.duration - job.progress)
+        self.on_start(job, now + job.run_wall)
+
+    def _detach(self, job: SimJob, now: float) -> None:
+        node = job.node
+        assert node is not None
+        self._index_remove(node)
+        del node.jobs[job.seq]
+        node.free += job.gpus
+        self.busy_gpus[node.kind] -= job.gpus
+        node.util -= job.gpus * job.trace.utilisation
+        if not node.jobs:
+            node.util = 0.0
+            node.empty_since = now
+        self._refresh_idle(node, now)
+        node.version += 1
+        if node.name in self.nodes:
+            self._index_add(node)
+        job.node = None
+        job.run_start = None
+        job.run_id += 1
+        self._dirty = True
+
+    def _interrupt(self, job: SimJob, when: float) -> None:
+        node = job.node
+        if node is None or job.run_start is None:
+            return
+        elapsed = max(0.0, when - job.run_start)
+        interval = job.trace.checkpoint_interval_s
+        saved = 0.0
+        lost = elapsed
+        if interval is not None:
+            cycle = interval + job.trace.checkpoint_duration_s
+            done = math.floor(elapsed / cycle) if cycle > 0 else 0
+            saved = min(done * interval, job.trace.duration - job.progress)
+            lost = elapsed - done * cycle
+            self.accounting.checkpoints += done
+            self.accounting.checkpoint_gpu_s += job.gpus * done * job.trace.checkpoint_duration_s
+        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        self.accounting.useful_gpu_s += job.gpus * saved
+        self.accounting.lost_gpu_s += job.gpus * lost
+        self.accounting.requeues += 1
+        job.lost_gpu_s += job.gpus * lost
+        job.progress += saved
+        job.interruptions += 1
+        self._detach(job, when)
+        job.pending_since = when
+        self._enqueue(job)
+
+    # -- indexes ---------------------------------------------------------------------------
+
+    def _enqueue(self, job: SimJob) -> None:
+        key = (job.gpus, job.trace.checkpoint_interval_s, job.trace.high_priority)
+        heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
+        self._demand_cache = None
+        self._dirty = True
+
+    def _index_add(self, node: SimNode) -> None:
+        if node.leaving or node.free <= 0:
+            return
+        self._index[node.kind].setdefault(node.free, {})[node.name] = node
+        self._max_free = max(self._max_free, node.free)
+
+    def _index_remove(self, node: SimNode) -> None:
+        nodes = self._index[node.kind].get(node.free)
+        if nodes is not None:
+            nodes.pop(node.name, None)
+        self._max_free = max(
+            (f for by_free in self._index.values() for f, n in by_free.items() if n), default=0
+        )
+
+    def _refresh_idle(self, node: SimNode, now: float) -> None:
+        busy = node.util > self.idle_fraction * node.gpus
+        if busy:
+            node.idle_since = None
+        elif node.idle_since is None:
+            node.idle_since = now
+
+
+def _bucket_order(item: tuple[BucketKey, object]) -> tuple[int, float, bool]:
+    (gpus, interval, high), _ = item
+    return (gpus, -1.0 if interval is None else interval, high)

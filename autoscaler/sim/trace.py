@@ -1,0 +1,178 @@
+"""Reading a job trace (the common CSV schema of the shipped traces) into replayable jobs.
+
+Times become replay seconds: 0 is the start of the chosen window. Jobs still running when the
+window opens are carried in at time 0 with the work they had left (so the fleet does not start
+empty), and kept out of the queue-wait statistics because their wait happened before the window.
+"""
+
+from __future__ import annotations
+
+import zlib
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoscaler.errors import InputError
+from autoscaler.sim.csvfile import Row, read_rows
+from autoscaler.sim.scenario import CheckpointRule, JobMatch, TraceSpec
+
+TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")
+DAY = 86_400.0
+
+
+@dataclass(slots=True)
+class TraceJob:
+    id: str
+    submit: float
+    duration: float
+    gpus: int
+    utilisation: float
+    checkpoint_interval_s: float | None
+    checkpoint_duration_s: float
+    high_priority: bool
+    carried: bool = False
+
+
+@dataclass
+class TraceSelection:
+    source: str
+    jobs: list[TraceJob]
+    window_start_s: float
+    window_end_s: float
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def horizon_s(self) -> float:
+        return self.window_end_s - self.window_start_s
+
+
+@dataclass(slots=True)
+class _Raw:
+    row: Row
+    id: str
+    submit: float
+    start: float | None
+    duration: float
+    gpus: int
+    utilisation: float
+    priority_class: str
+    preemptible: bool
+    user_group: str
+
+
+def _share(seed: int, job_id: str) -> float:
+    """A stable number in [0, 1) per job, so "a fraction of jobs" means the same jobs every run."""
+    return zlib.crc32(f"{seed}:{job_id}".encode()) / 2**32
+
+
+def _checkpointing(
+    raw: _Raw, rules: tuple[CheckpointRule, ...], seed: int
+) -> tuple[float | None, float]:
+    for index, rule in enumerate(rules):
+        if rule.match.matches(
+            raw.priority_class, raw.preemptible, raw.gpus, raw.user_group, raw.utilisation
+        ):
+            if rule.fraction >= 1 or _share(seed + index, raw.id) < rule.fraction:
+                return rule.interval_s, rule.duration_s
+            return None, 0.0
+    return None, 0.0
+
+
+def _busiest(submits: list[float], length: float) -> tuple[float, float]:
+    """The window of ``length`` seconds holding the most submissions (earliest on a tie)."""
+    best_count, best_start = -1, submits[0]
+    for i, start in enumerate(submits):
+        j = bisect_left(submits, start + length, lo=i)
+        if j - i > best_count:
+            best_count, best_start = j - i, start
+    return best_start, best_start + length
+
+
+def load_trace(
+    path: Path,
+    spec: TraceSpec,
+    rules: tuple[CheckpointRule, ...],
+    high_priority: JobMatch | None,
+    seed: int,
+) -> TraceSelection:
+    skipped: dict[str, int] = {}
+    raws: list[_Raw] = []
+    seen: set[str] = set()
+    for row in read_rows(path, TRACE_COLUMNS):
+        job_id = row.text("job_id")
+        if not job_id:
+            raise row.error("job_id", "expected a job id, got an empty value")
+        if job_id in seen:
+            raise row.error("job_id", f"job id {job_id!r} appears twice")
+        seen.add(job_id)
+        gpus = row.integer("num_gpus", minimum=0)
+        if gpus == 0:
+            skipped["no GPU requested"] = skipped.get("no GPU requested", 0) + 1
+            continue
+        if not row.text("duration_s"):
+            skipped["never started (no duration)"] = (
+                skipped.get("never started (no duration)", 0) + 1
+            )
+            continue
+        if not row.text("submit_time_s"):
+            skipped["no submit time"] = skipped.get("no submit time", 0) + 1
+            continue
+        fraction = (
+            row.optional_number("gpu_fraction", minimum=0) if "gpu_fraction" in row.values else None
+        )
+        if fraction is not None and fraction > 1:
+            raise row.error(
+                "gpu_fraction", f"expected a share of a GPU between 0 and 1, got {fraction:g}"
+            )
+        preemptible = row.text("preemptible") if "preemptible" in row.values else ""
+        if preemptible not in ("", "0", "1"):
+            raise row.error("preemptible", f"expected 0 or 1, got {preemptible!r}")
+        raws.append(
+            _Raw(
+                row=row,
+                id=job_id,
+                submit=row.number("submit_time_s", minimum=0),
+                start=row.optional_number("start_time_s", minimum=0),
+                duration=row.number("duration_s", minimum=0),
+                gpus=gpus,
+                utilisation=fraction if fraction else 1.0,
+                priority_class=row.text("priority_class") if "priority_class" in row.values else "",
+                preemptible=preemptible == "1",
+                user_group=row.text("user_group") if "user_group" in row.values else "",
+            )
+        )
+    if not raws:
+        raise InputError(str(path), "no GPU job with a duration to replay")
+    submits = sorted(r.submit for r in raws)
+    if spec.busiest_days is not None:
+        start, end = _busiest(submits, spec.busiest_days * DAY)
+    else:
+        start = spec.window_start_s if spec.window_start_s is not None else submits[0]
+        end = spec.window_end_s if spec.window_end_s is not None else submits[-1] + 1.0
+    jobs: list[TraceJob] = []
+    for raw in raws:
+        carried = False
+        if start <= raw.submit < end:
+            submit, duration = raw.submit - start, raw.duration
+        elif (
+            spec.include_running_at_start
+            and raw.submit < start
+            and raw.start is not None
+            and raw.start + raw.duration > start
+        ):
+            submit, duration, carried = 0.0, raw.start + raw.duration - start, True
+        else:
+            continue
+        interval, cost = _checkpointing(raw, rules, seed)
+        high = high_priority is not None and high_priority.matches(
+            raw.priority_class, raw.preemptible, raw.gpus, raw.user_group, raw.utilisation
+        )
+        jobs.append(
+            TraceJob(
+                raw.id, submit, duration, raw.gpus, raw.utilisation, interval, cost, high, carried
+            )
+        )
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    if spec.max_jobs is not None:
+        jobs = jobs[: spec.max_jobs]
+    return TraceSelection(str(path), jobs, start, end, skipped)
