@@ -190,8 +190,8 @@ class Actuator:
     ) -> None:
         by_provider: dict[str, list[InstanceRecord]] = {}
         for record in victims:
-            provider = self._provider_of(record)
-            if provider is None:
+            provider = record.provider
+            if provider not in self.providers:
                 records.append(
                     ActionRecord(
                         "terminate",
@@ -199,7 +199,7 @@ class Actuator:
                         1,
                         0,
                         "error",
-                        "no provider knows this instance's pool",
+                        f"its provider {provider!r} is not configured",
                         instance_ids=(record.id,),
                     )
                 )
@@ -240,16 +240,6 @@ class Actuator:
                         pool_ids,
                     )
                 )
-
-    def _provider_of(self, record: InstanceRecord) -> str | None:
-        pool = self._pools.get(record.pool)
-        if pool is not None:
-            return pool.provider
-        for name, provider in self.providers.items():
-            owns = getattr(provider, "owns", None)
-            if callable(owns) and owns(record.id):
-                return name
-        return None
 
     def _launch(
         self,
@@ -353,7 +343,7 @@ class Actuator:
         now: float,
     ) -> int:
         for instance in result.instances:
-            self.table.record_launch(instance, now)
+            self.table.record_launch(instance, pool_view.pool.provider, now)
         launched = len(result.instances)
         guarded.allowance.refund(pool_view, granted - launched)
         if result.shortfall is not None:

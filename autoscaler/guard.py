@@ -104,9 +104,12 @@ class Allowance:
         pool_room = _room(pool.max_instances, self.live_by_pool.get(pool.name, 0))
         allowed = self._cap(allowed, "pool_max_instances", pool.name, count, pool_room)
         allowed = self._cap(allowed, "max_instances", pool.name, count, self.instances_left)
-        allowed = self._cap(
-            allowed, "max_gpus", pool.name, count, self.gpus_left // pool.gpus_per_instance
+        gpu_room = (
+            self.gpus_left
+            if math.isinf(self.gpus_left)
+            else self.gpus_left // pool.gpus_per_instance
         )
+        allowed = self._cap(allowed, "max_gpus", pool.name, count, gpu_room)
         allowed = self._cap(allowed, "launch_rate", pool.name, count, self.launches_left)
         allowed = self._cap(allowed, "budget", pool.name, count, self._budget_room(pool_view))
         granted = int(allowed)

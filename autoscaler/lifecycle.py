@@ -38,6 +38,7 @@ class IllegalTransitionError(RuntimeError):
 @dataclass
 class InstanceRecord:
     id: str
+    provider: str
     pool: str
     request_id: str
     gpus: int
@@ -88,13 +89,14 @@ class InstanceTable:
     def live(self) -> Iterator[InstanceRecord]:
         return (r for r in self._records.values() if r.state in LIVE_STATES)
 
-    def record_launch(self, instance: Instance, now: float) -> InstanceRecord:
+    def record_launch(self, instance: Instance, provider: str, now: float) -> InstanceRecord:
         existing = self._records.get(instance.id)
         if existing is not None:
             return existing
         state = instance.state if instance.state in (S.PENDING, S.RUNNING) else S.REQUESTED
         record = InstanceRecord(
             id=instance.id,
+            provider=provider,
             pool=instance.pool,
             request_id=instance.request_id,
             gpus=instance.gpus,
@@ -107,37 +109,27 @@ class InstanceTable:
         return record
 
     def sync(
-        self,
-        listed: Iterable[Instance],
-        now: float,
-        providers_listed: set[str] | None = None,
-        pool_provider: dict[str, str] | None = None,
+        self, listed: Iterable[tuple[str, Instance]], now: float, providers_listed: set[str]
     ) -> SyncReport:
-        """Mirror one listing of the clouds into the table.
+        """Mirror one listing of the clouds (provider name, instance) into the table.
 
         ``providers_listed`` names the providers whose listing succeeded: a record of a provider
         that failed to list is left alone, never declared gone.
         """
         seen: set[str] = set()
         adopted: list[str] = []
-        for instance in listed:
+        for provider, instance in listed:
             seen.add(instance.id)
             record = self._records.get(instance.id)
             if record is None:
-                record = self.record_launch(instance, now)
+                record = self.record_launch(instance, provider, now)
                 record.history[-1] = (record.state, now, "adopted from listing")
                 adopted.append(instance.id)
                 continue
             self._follow_cloud(record, instance.state, now)
         vanished: list[str] = []
         for record in list(self._records.values()):
-            if record.id in seen:
-                continue
-            if (
-                providers_listed is not None
-                and pool_provider is not None
-                and pool_provider.get(record.pool) not in providers_listed
-            ):
+            if record.id in seen or record.provider not in providers_listed:
                 continue
             if record.state is S.TERMINATED:
                 if now - record.updated_at > self.keep_terminated_s:

@@ -60,7 +60,6 @@ class Observer:
         self.table = table
         self.capacity = capacity
         self.history = history
-        self._pool_provider = {p.name: p.provider for p in config.pools}
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
@@ -68,13 +67,13 @@ class Observer:
 
     def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
         errors: list[str] = []
-        listed: list[Instance] = []
+        listed: list[tuple[str, Instance]] = []
         notices: list[InterruptionNotice] = []
         listed_ok: set[str] = set()
         failed: set[str] = set()
         for name, provider in self.providers.items():
             try:
-                listed.extend(provider.list_instances(self.config.fleet_id))
+                listed.extend((name, i) for i in provider.list_instances(self.config.fleet_id))
                 listed_ok.add(name)
             except Exception as exc:
                 failed.add(name)
@@ -91,7 +90,7 @@ class Observer:
                         self._last_prices[quote.pool] = quote
                 except Exception as exc:
                     errors.append(f"provider {name}: prices failed: {describe(exc)}")
-        sync = self.table.sync(listed, now, listed_ok, self._pool_provider)
+        sync = self.table.sync(listed, now, listed_ok)
 
         running: dict[str, int] = {}
         for record in self.table.live():

@@ -1,0 +1,708 @@
+"""Show the dry-run cost report to people: Markdown for a terminal or a repository, one HTML file
+for a browser.
+
+Every renderer reads only the :class:`Report`, so ``report.json`` stays the single source of truth
+and a report can be rendered again without replaying anything. Both formats are built from the
+same section list, so the Markdown and the HTML cannot drift apart in what they state. Output is
+deterministic (no generation time, fixed SVG ids) so a report can be diffed and checked in.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from autoscaler.report.model import LowerBoundResult, PolicyResult, Report, Series
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+DASH = "—"
+HOURS_PER_DAY = 24.0
+
+# ---------------------------------------------------------------- numbers for people
+
+
+def _usd(value: float | None) -> str:
+    """Whole dollars once cents stop mattering; cents for the small sums of a short replay."""
+    if value is None or not math.isfinite(value):
+        return DASH
+    sign = "-" if value < 0 else ""
+    amount = abs(value)
+    return f"{sign}${amount:,.0f}" if amount >= 100 else f"{sign}${amount:,.2f}"
+
+
+def _usd_cents(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return DASH
+    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
+
+
+def _ratio(value: float | None) -> str:
+    return DASH if value is None or not math.isfinite(value) else f"{value:.2f}x"
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.1f} %"
+
+
+def _num(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _secs(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _wait_key_header(key: str) -> str:
+    return f"÷ LB {key}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """Sorted so that the same report always prints the same line."""
+    return ", ".join(f"{name}: {n:,}" for name, n in sorted(counts.items())) or DASH
+
+
+def _params(params: dict[str, Any]) -> str:
+    if not params:
+        return "defaults"
+    return ", ".join(
+        f"{k}={json.dumps(v, sort_keys=True, default=str)}" for k, v in sorted(params.items())
+    )
+
+
+# ---------------------------------------------------------------- the content, format-free
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    right: tuple[bool, ...]
+    """Per column: right-aligned, so columns of numbers line up on their last digit."""
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str
+
+
+@dataclass(frozen=True)
+class Sub:
+    """A sub-heading within a section."""
+
+    text: str
+
+
+Block = Table | Bullets | Para | Sub
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    blocks: tuple[Block, ...]
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_cols: int = 1) -> Table:
+    """The first ``text_cols`` columns are words; the rest are numbers."""
+    return Table(
+        headers=tuple(headers),
+        rows=tuple(tuple(r) for r in rows),
+        right=tuple(i >= text_cols for i in range(len(headers))),
+    )
+
+
+def _label(report: Report, policy: PolicyResult) -> str:
+    return policy.label + (" (default)" if policy.policy == report.default_policy else "")
+
+
+def _ratio_keys(report: Report) -> list[str]:
+    """Read from the policies rather than rebuilt from the bounds, so the columns are exactly the
+    ratios the report holds, in the order they were computed."""
+    keys: dict[str, None] = {}
+    for policy in report.policies:
+        keys.update(dict.fromkeys(policy.ratio_to_lower_bound))
+    return list(keys)
+
+
+def comparison_table(report: Report) -> Table:
+    keys = _ratio_keys(report)
+    headers = [
+        "Policy",
+        "Cost",
+        "$/useful GPU-h",
+        *(_wait_key_header(k) for k in keys),
+        "Wait p50 s",
+        "Wait p95 s",
+        "Wait p99 s",
+        "GPU-h useful",
+        "GPU-h cloud paid",
+        "GPU-h cloud idle",
+        "GPU-h lost",
+        "Interruptions",
+        "Checkpoints",
+        "On-prem util",
+        "Jobs finished/total",
+    ]
+    rows = [
+        [
+            _label(report, p),
+            _usd(p.cost),
+            _usd_cents(p.cost_per_useful_gpu_hour),
+            *(_ratio(p.ratio_to_lower_bound.get(k)) for k in keys),
+            _num(p.wait_s.p50),
+            _num(p.wait_s.p95),
+            _num(p.wait_s.p99),
+            _num(p.gpu_hours.useful, 1),
+            _num(p.gpu_hours.cloud_paid, 1),
+            _num(p.gpu_hours.cloud_idle, 1),
+            _num(p.gpu_hours.lost, 1),
+            _num(p.interruptions),
+            _num(p.checkpoints),
+            _pct(p.onprem_utilisation),
+            f"{p.jobs_finished:,}/{p.jobs_total:,}",
+        ]
+        for p in report.policies
+    ]
+    return _table(headers, rows)
+
+
+def _bound_cost(bound: LowerBoundResult) -> str:
+    return _usd(bound.cost) if bound.cost is not None else f"none ({bound.status})"
+
+
+def lower_bound_table(report: Report) -> Table:
+    rows = [
+        [
+            _secs(b.max_wait_s),
+            _bound_cost(b),
+            b.method,
+            b.status,
+            _secs(b.bin_s),
+            f"{b.solve_s:.1f} s",
+        ]
+        for b in report.lower_bounds
+    ]
+    return _table(["Max wait W", "Cost", "Method", "Status", "Bin", "Solve time"], rows)
+
+
+def _bound_line(bound: LowerBoundResult) -> str:
+    return (
+        f"Lower bound W={_secs(bound.max_wait_s)}: {_bound_cost(bound)} "
+        f"({bound.method}, {bound.status}, solved in {bound.solve_s:.1f} s)"
+    )
+
+
+def _window_facts(report: Report) -> tuple[str, ...]:
+    w = report.window
+    skipped = sum(w.skipped.values())
+    skipped_text = f"{skipped:,} ({_counts(w.skipped)})" if skipped else "none"
+    return (
+        f"Scenario file: {report.source}",
+        f"Trace: {w.trace}",
+        f"Window: {w.days:g} days (trace time {_num(w.start_s)} s to {_num(w.end_s)} s); "
+        f"prices read as if starting {report.start}",
+        f"Jobs: {w.jobs:,}, of which {w.carried_jobs:,} carried in already running; "
+        f"{_num(w.gpu_hours_submitted, 1)} GPU-hours submitted",
+        f"Skipped trace rows: {skipped_text}",
+        f"On-prem GPUs: {report.onprem_gpus:,}; wait target {_secs(report.wait_target_s)}; "
+        f"seed {report.seed}",
+    )
+
+
+def _lower_bound_blocks(report: Report) -> tuple[Block, ...]:
+    if not report.lower_bounds:
+        return (Para("No lower bound was computed for this run."),)
+    return (lower_bound_table(report),)
+
+
+def _findings(report: Report) -> Bullets | Para:
+    return Bullets(tuple(report.findings)) if report.findings else Para("No findings.")
+
+
+def _assumptions(report: Report) -> Bullets | Para:
+    if not report.assumptions:
+        return Para("The report states no assumptions.")
+    return Bullets(tuple(report.assumptions))
+
+
+def _pool_cost_table(policy: PolicyResult) -> Table:
+    paid = [c for c in policy.cost_by_pool if c.cost > 0]
+    rows = [
+        [
+            c.pool,
+            _usd(c.cost),
+            _num(c.instance_hours, 1),
+            _pct(c.cost / policy.cost) if policy.cost else DASH,
+        ]
+        for c in paid
+    ]
+    return _table(["Pool", "Cost", "Instance-hours", "Share"], rows)
+
+
+def _cost_by_pool_blocks(report: Report) -> tuple[Block, ...]:
+    blocks: list[Block] = []
+    for policy in report.policies:
+        blocks.append(Sub(f"{policy.label} ({policy.policy}: {_params(policy.params)})"))
+        if any(c.cost > 0 for c in policy.cost_by_pool):
+            blocks.append(_pool_cost_table(policy))
+        else:
+            blocks.append(Para("No cloud cost."))
+    return tuple(blocks)
+
+
+def gpu_hours_table(report: Report) -> Table:
+    headers = [
+        "Policy",
+        "Useful",
+        "On-prem allocated",
+        "Cloud allocated",
+        "Cloud paid",
+        "Cloud idle",
+        "Lost",
+        "Checkpointing",
+    ]
+    rows = []
+    for p in report.policies:
+        g = p.gpu_hours
+        values = (
+            g.useful,
+            g.allocated_onprem,
+            g.allocated_cloud,
+            g.cloud_paid,
+            g.cloud_idle,
+            g.lost,
+            g.checkpointing,
+        )
+        rows.append([p.label, *(_num(v, 1) for v in values)])
+    return _table(headers, rows)
+
+
+def activity_table(report: Report) -> Table:
+    headers = [
+        "Policy",
+        "Instances launched",
+        "Capacity failures",
+        "Requeues",
+        "Jobs never started",
+        "Held ticks",
+        "Guard clamps",
+    ]
+    rows = [
+        [
+            p.label,
+            _num(p.instances_launched),
+            _num(p.capacity_failures),
+            _num(p.requeues),
+            _num(p.jobs_never_started),
+            _num(p.held_ticks),
+            _counts(p.clamps),
+        ]
+        for p in report.policies
+    ]
+    table = _table(headers, rows)
+    return Table(table.headers, table.rows, (*table.right[:-1], False))
+
+
+def pools_table(report: Report) -> Table:
+    headers = [
+        "Pool",
+        "Provider",
+        "Region",
+        "Zone",
+        "Instance type",
+        "Market",
+        "Interruptions",
+        "GPUs",
+        "$/h at start",
+    ]
+    rows = [
+        [
+            r.name,
+            r.provider,
+            r.region,
+            r.zone or DASH,
+            r.instance_type,
+            r.market,
+            r.interruptions,
+            str(r.gpus),
+            _usd_cents(r.price_per_hour_at_start),
+        ]
+        for r in report.pools
+    ]
+    return _table(headers, rows, text_cols=7)
+
+
+def replay_table(report: Report) -> Table:
+    headers = ["Policy", "Ticks", "Replay wall s", "Tick ms p50", "Tick ms p95", "Tick ms max"]
+    rows = [
+        [
+            p.label,
+            _num(p.ticks),
+            f"{p.replay_wall_s:,.2f}",
+            f"{p.tick_ms.p50:,.2f}",
+            f"{p.tick_ms.p95:,.2f}",
+            f"{p.tick_ms.max:,.2f}",
+        ]
+        for p in report.policies
+    ]
+    return _table(headers, rows)
+
+
+def _lead_sections(report: Report) -> list[Section]:
+    """What a reader needs first: what was replayed, how the policies compare, and against what."""
+    return [
+        Section("Window", (Bullets(_window_facts(report)),)),
+        Section("Comparison", (comparison_table(report),)),
+        Section("Lower bounds", _lower_bound_blocks(report)),
+        Section("Findings", (_findings(report),)),
+    ]
+
+
+def _detail_sections(report: Report) -> list[Section]:
+    return [
+        Section("Cost by pool", _cost_by_pool_blocks(report)),
+        Section("GPU-hours", (gpu_hours_table(report),)),
+        Section("Controller activity", (activity_table(report),)),
+        Section("Pools", (pools_table(report),)),
+        Section("Assumptions", (_assumptions(report),)),
+        Section("Replay", (replay_table(report),)),
+    ]
+
+
+def _title(report: Report) -> str:
+    return f"Dry-run cost report: {report.scenario}"
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _md_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _md_cell(text: str) -> str:
+    return _md_text(text).replace("|", "\\|")
+
+
+def _md_table(table: Table) -> str:
+    rule = ["---:" if r else ":---" for r in table.right]
+    lines = [
+        "| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
+        "| " + " | ".join(rule) + " |",
+    ]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+def _md_block(block: Block) -> str:
+    if isinstance(block, Table):
+        return _md_table(block)
+    if isinstance(block, Bullets):
+        return "\n".join(f"- {_md_text(item)}" for item in block.items)
+    if isinstance(block, Sub):
+        return f"### {_md_text(block.text)}"
+    return _md_text(block.text)
+
+
+def _md_section(section: Section) -> str:
+    return "\n\n".join([f"## {section.title}", *(_md_block(b) for b in section.blocks)])
+
+
+def render_markdown(report: Report) -> str:
+    """The whole report, readable in a terminal and rendered by any Markdown viewer."""
+    parts = [f"# {_md_text(_title(report))}"]
+    if report.description.strip():
+        parts.append(_md_text(report.description))
+    parts += [_md_section(s) for s in _lead_sections(report) + _detail_sections(report)]
+    return "\n\n".join(parts) + "\n"
+
+
+def summary_markdown(report: Report) -> str:
+    """What the CLI prints after a run: enough to judge the result without opening a file."""
+    parts = [f"## {_md_text(_title(report))}", _md_table(comparison_table(report))]
+    if report.lower_bounds:
+        parts.append("\n".join(f"- {_bound_line(b)}" for b in report.lower_bounds))
+    parts.append(_md_block(_findings(report)))
+    parts.append("Assumptions:\n\n" + _md_block(_assumptions(report)))
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- plots (inline SVG)
+
+_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+_BOUND_DASHES = ("--", ":", "-.")
+_PLOT_RC: dict[RcKeyType, Any] = {
+    "svg.fonttype": "path",
+    "svg.hashsalt": "hybrid-gpu-autoscaler-report",
+    "font.size": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+# Matplotlib stamps a date, its version and URLs into SVG metadata; none of it belongs in a
+# reproducible report, and dropping every key drops the metadata block altogether.
+_SVG_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
+_ID_REFERENCE = re.compile(r'(\bid="|href="#|url\(#)')
+
+
+def _color(index: int) -> str:
+    return _COLORS[index % len(_COLORS)]
+
+
+def _plain(text: str) -> str:
+    """Keep user text literal in a plot: ``$`` would start mathtext, a leading ``_`` hides a
+    legend entry."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def _days(series: Series) -> list[float]:
+    return [t / HOURS_PER_DAY for t in series.t_hours]
+
+
+@contextmanager
+def _plot_style() -> Iterator[None]:
+    """Styles are read when artists are made and when the SVG is written; both happen inside."""
+    with matplotlib.rc_context(_PLOT_RC):
+        yield
+
+
+def _svg(figure: Any, scope: str) -> str:
+    """The figure as an ``<svg>`` element to inline in HTML: no XML prolog or DOCTYPE, and every
+    id prefixed so that several figures in one page never share one."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata=_SVG_METADATA)
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    return _ID_REFERENCE.sub(lambda m: f"{m.group(1)}{scope}-", text).strip()
+
+
+def _dollars_axis(ax: Any) -> None:
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _usd(v)))
+
+
+def cost_svg(report: Report) -> str:
+    with _plot_style():
+        fig = Figure(figsize=(9, 4), layout="constrained")
+        ax = fig.add_subplot()
+        for i, p in enumerate(report.policies):
+            cost = p.timeline.cost
+            ax.plot(_days(cost), cost.values, color=_color(i), lw=1.5, label=_plain(p.label))
+        bounds = [(b, b.cost) for b in report.lower_bounds if b.cost is not None]
+        for j, (b, bound_cost) in enumerate(bounds):
+            ax.axhline(
+                bound_cost,
+                color="0.3",
+                lw=1,
+                ls=_BOUND_DASHES[j % len(_BOUND_DASHES)],
+                label=_plain(f"lower bound W={_secs(b.max_wait_s)} ({_usd(bound_cost)})"),
+            )
+        ax.set_xlabel("days since window start")
+        ax.set_ylabel("cumulative cloud cost")
+        ax.set_ylim(bottom=0)
+        ax.margins(x=0)
+        _dollars_axis(ax)
+        ax.legend(loc="upper left", fontsize=8)
+        return _svg(fig, "cost")
+
+
+_SUPPLY_LINES: tuple[tuple[str, str, Callable[[PolicyResult], Series]], ...] = (
+    ("pending GPUs", "#d62728", lambda p: p.timeline.pending_gpus),
+    ("running GPUs", "#222222", lambda p: p.timeline.running_gpus),
+    ("cloud GPUs", "#1f77b4", lambda p: p.timeline.cloud_gpus),
+    ("on-prem busy GPUs", "#2ca02c", lambda p: p.timeline.onprem_busy_gpus),
+)
+
+
+def _supply_panel(ax: Any, policy: PolicyResult, onprem_gpus: int) -> None:
+    for name, color, pick in _SUPPLY_LINES:
+        series = pick(policy)
+        ax.plot(_days(series), series.values, color=color, lw=1, label=name, ds="steps-post")
+    if onprem_gpus:
+        ax.axhline(onprem_gpus, color="#2ca02c", lw=0.8, ls=":", label="on-prem GPUs")
+    ax.set_title(_plain(policy.label), loc="left", fontsize=9)
+    ax.set_ylabel("GPUs")
+    ax.margins(x=0)
+
+
+def supply_svg(report: Report) -> str:
+    panels = max(1, len(report.policies))
+    with _plot_style():
+        fig = Figure(figsize=(9, 1.8 * panels + 0.9), layout="constrained")
+        axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+        for ax, policy in zip(axes, report.policies, strict=False):
+            _supply_panel(ax, policy, report.onprem_gpus)
+        axes[-1].set_xlabel("days since window start")
+        axes[0].set_ylim(bottom=0)
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside upper center", ncols=5, fontsize=8)
+        return _svg(fig, "supply")
+
+
+def _wait_unit(values: Sequence[float]) -> tuple[str, float]:
+    """Seconds, minutes or hours, whichever keeps the axis numbers short."""
+    top = max(values, default=0.0)
+    if top >= 3 * 3600:
+        return "h", 3600.0
+    if top >= 3 * 60:
+        return "min", 60.0
+    return "s", 1.0
+
+
+def wait_svg(report: Report) -> str:
+    everything = [v for p in report.policies for v in p.timeline.wait_p95_by_hour.values]
+    unit, scale = _wait_unit([*everything, report.wait_target_s])
+    with _plot_style():
+        fig = Figure(figsize=(9, 3.5), layout="constrained")
+        ax = fig.add_subplot()
+        for i, p in enumerate(report.policies):
+            s = p.timeline.wait_p95_by_hour
+            ys = [v / scale for v in s.values]
+            ax.plot(_days(s), ys, color=_color(i), lw=1.2, ds="steps-post", label=_plain(p.label))
+        if report.wait_target_s > 0:
+            target = f"wait target {_secs(report.wait_target_s)}"
+            ax.axhline(report.wait_target_s / scale, color="0.3", lw=1, ls="--", label=target)
+        ax.set_xlabel("submission time, days since window start")
+        ax.set_ylabel(f"p95 queue wait ({unit})")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper left", fontsize=8)
+        return _svg(fig, "wait")
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSS = """
+body{margin:0;background:#fafafa;color:#1d1d1f;
+font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
+main{max-width:1200px;margin:0 auto;padding:24px 32px 48px}
+h1{font-size:1.6em;margin:0 0 .3em}
+h2{font-size:1.25em;margin:1.8em 0 .6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+h3{font-size:1.05em;margin:1.2em 0 .4em}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;margin:.4em 0 1em;background:#fff}
+th,td{border:1px solid #ddd;padding:4px 8px;vertical-align:top}
+th{background:#f0f0f3;text-align:left;font-weight:600}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tbody tr:nth-child(even){background:#f7f7f9}
+figure{margin:1em 0 2em;background:#fff;border:1px solid #ddd;padding:8px}
+figure svg{display:block;max-width:100%;height:auto}
+figcaption{color:#555;font-size:.92em;margin-top:4px}
+li{margin:.2em 0}
+""".strip()
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _html_cell(tag: str, text: str, right: bool) -> str:
+    cls = ' class="num"' if right else ""
+    return f"<{tag}{cls}>{_esc(text)}</{tag}>"
+
+
+def _html_table(table: Table) -> str:
+    head = "".join(_html_cell("th", h, r) for h, r in zip(table.headers, table.right, strict=True))
+    body = "\n".join(
+        "<tr>" + "".join(_html_cell("td", c, r) for c, r in zip(row, table.right, strict=True))
+        for row in table.rows
+    )
+    return (
+        f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n'
+        f"<tbody>\n{body}\n</tbody>\n</table></div>"
+    )
+
+
+def _html_block(block: Block) -> str:
+    if isinstance(block, Table):
+        return _html_table(block)
+    if isinstance(block, Bullets):
+        return "<ul>\n" + "\n".join(f"<li>{_esc(i)}</li>" for i in block.items) + "\n</ul>"
+    if isinstance(block, Sub):
+        return f"<h3>{_esc(block.text)}</h3>"
+    return f"<p>{_esc(block.text)}</p>"
+
+
+def _html_section(title: str, body: Sequence[str]) -> str:
+    return "<section>\n" + "\n".join([f"<h2>{_esc(title)}</h2>", *body]) + "\n</section>"
+
+
+def _html_of(section: Section) -> str:
+    return _html_section(section.title, [_html_block(b) for b in section.blocks])
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>\n{svg}\n<figcaption>{_esc(caption)}</figcaption>\n</figure>"
+
+
+def _plots_section(report: Report) -> str:
+    figures = [
+        _figure(
+            cost_svg(report),
+            "Cumulative cloud cost per policy; dashed lines: the offline lower bound for each "
+            "maximum wait, at its total over the window.",
+        ),
+        _figure(
+            supply_svg(report),
+            "Demand and supply per policy: GPUs pending, GPUs running jobs, cloud GPUs paid for "
+            "and on-prem GPUs busy.",
+        ),
+        _figure(
+            wait_svg(report),
+            "p95 queue wait of the jobs submitted in each hour (carried-in jobs left out).",
+        ),
+    ]
+    return _html_section("Plots", figures)
+
+
+def render_html(report: Report) -> str:
+    """One file that opens offline anywhere: inline CSS and SVG, no scripts, fonts or links."""
+    title = _title(report)
+    sections = [
+        *(_html_of(s) for s in _lead_sections(report)),
+        _plots_section(report),
+        *(_html_of(s) for s in _detail_sections(report)),
+    ]
+    intro = f"<p>{_esc(report.description)}</p>" if report.description.strip() else ""
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            '<head>\n<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_esc(title)}</title>",
+            f"<style>\n{_CSS}\n</style>\n</head>",
+            "<body>\n<main>",
+            f"<h1>{_esc(title)}</h1>",
+            intro,
+            *sections,
+            "</main>\n</body>\n</html>",
+            "",
+        ]
+    )

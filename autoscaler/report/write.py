@@ -1,0 +1,90 @@
+"""Put the report on disk without ever leaving a half-written file behind.
+
+A report folder is often kept next to earlier runs or served as is, so a crash, a full disk or a
+rendering bug must leave either the previous file or the new one, never a truncated mix: every
+string is rendered first, and each file goes to a temporary name in the same folder and is
+renamed into place only once it is fully on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from autoscaler.errors import InputError
+from autoscaler.report.model import Report
+from autoscaler.report.render import render_html, render_markdown
+
+# mkstemp creates files only the owner can read; a report is meant to be shared and served.
+FILE_MODE = 0o644
+
+
+def _render_all(report: Report) -> list[tuple[str, str]]:
+    return [
+        ("report.json", report.model_dump_json(indent=2) + "\n"),
+        ("report.md", render_markdown(report)),
+        ("report.html", render_html(report)),
+    ]
+
+
+def _refuse_non_directory(out_dir: Path) -> None:
+    """Checked before rendering so that a wrong path fails fast, with nothing yet touched."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(str(out_dir), "exists and is not a directory; pass a folder for --out")
+
+
+def _make_directory(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(str(out_dir), f"cannot create the folder: {_reason(exc)}") from exc
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Makes the rename itself durable where the platform allows opening a folder."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        temp.chmod(FILE_MODE)
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _write_one(out_dir: Path, name: str, text: str) -> Path:
+    target = out_dir / name
+    try:
+        _write_atomic(target, text)
+    except OSError as exc:
+        raise InputError(str(out_dir), f"cannot write {name}: {_reason(exc)}") from exc
+    return target
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write report.json, report.md and report.html into ``out_dir``; returns their paths."""
+    _refuse_non_directory(out_dir)
+    contents = _render_all(report)
+    _make_directory(out_dir)
+    written = [_write_one(out_dir, name, text) for name, text in contents]
+    _fsync_directory(out_dir)
+    return written
