@@ -13,7 +13,6 @@ from typing import Any
 from autoscaler.clock import ManualClock
 from autoscaler.config import ControllerConfig, Limits
 from autoscaler.controller import Controller
-
 from autoscaler.errors import CapacityError, ProviderError
 from autoscaler.model import (
     DemandGroup,
