@@ -48,7 +48,9 @@ class SimJob:
         interval = self.trace.checkpoint_interval_s
         if interval is None or remaining <= 0:
             return max(remaining, 0.0)
-        return remaining + self.trace.checkpoint_duration_s * (math.ceil(remaining / interval) - 1)
+        return remaining + self.trace.checkpoint_duration_s * (
+            max(0, math.ceil(remaining / interval) - 1)
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -155,7 +157,7 @@ class SimScheduler:
         self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - remaining)
         interval = job.trace.checkpoint_interval_s
         if interval is not None and remaining > 0:
-            self.accounting.checkpoints += math.ceil(remaining / interval) - 1
+            self.accounting.checkpoints += max(0, math.ceil(remaining / interval) - 1)
         job.progress = job.trace.duration
         job.finished_at = now
         self._detach(job, now)

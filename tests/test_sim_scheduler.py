@@ -1,0 +1,199 @@
+"""The simulator's scheduler: never over-commits a node, conserves GPU-seconds, starts jobs in
+FIFO order with backfill, obeys the placement rule, and keeps checkpointed work on interruption."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoscaler.clock import ManualClock
+from autoscaler.model import Capacity, OnPremUse, Placement
+from autoscaler.sim.scheduler import SimJob, SimScheduler
+from autoscaler.sim.trace import TraceJob
+
+
+def trace_job(
+    job_id: str,
+    gpus: int = 1,
+    duration: float = 100.0,
+    submit: float = 0.0,
+    interval: float | None = None,
+    cost: float = 0.0,
+    high: bool = False,
+) -> TraceJob:
+    return TraceJob(job_id, submit, duration, gpus, 1.0, interval, cost, high)
+
+
+class World:
+    """Drives a scheduler through time the way the engine does: events in order, then a pass."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock(0.0)
+        self.events: list[tuple[float, int, SimJob, int]] = []
+        self.order = itertools.count()
+        self.scheduler = SimScheduler(self.clock, 5.0, self._started)
+
+    def _started(self, job: SimJob, end: float) -> None:
+        heapq.heappush(self.events, (end, next(self.order), job, job.run_id))
+
+    def run_until(self, t: float) -> None:
+        while self.events and self.events[0][0] <= t:
+            when, _, job, run_id = heapq.heappop(self.events)
+            self.clock.set(when)
+            self.scheduler.finish(job, run_id, when)
+            self.scheduler.schedule(when)
+            self.check()
+        self.clock.set(max(self.clock.now(), t))
+
+    def check(self) -> None:
+        placement = self.scheduler.placement
+        for node in self.scheduler.nodes.values():
+            used = sum(j.gpus for j in node.jobs.values())
+            assert 0 <= node.free == node.gpus - used, node.name
+            for job in node.jobs.values():
+                allowed = placement.tiers(
+                    job.trace.checkpoint_interval_s is not None, job.trace.high_priority
+                )
+                assert node.kind in allowed, (job.trace.id, node.kind)
+
+
+def test_fifo_with_backfill() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("n", 4, Capacity.ONPREM, None, 0.0)
+    first = s.submit(trace_job("first", gpus=3, duration=100), 0.0)
+    big = s.submit(trace_job("big", gpus=4, duration=100), 0.0)
+    small = s.submit(trace_job("small", gpus=1, duration=50), 0.0)
+    s.schedule(0.0)
+    assert first.run_start == 0.0
+    assert big.run_start is None, "does not fit while 'first' runs"
+    assert small.run_start == 0.0, "backfills into the GPU 'big' cannot use"
+    world.run_until(100.0)
+    assert big.run_start == 100.0
+
+
+def test_placement_keeps_protected_jobs_off_spot_and_orders_tiers() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("spot", 1, Capacity.SPOT, "p", 0.0)
+    s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
+    s.apply_placement(
+        Placement(protect_uncheckpointable=True, spot_safe_onprem=OnPremUse.AFTER_CLOUD)
+    )
+    protected = s.submit(trace_job("protected"), 0.0)
+    safe = s.submit(trace_job("safe", interval=600.0), 0.0)
+    s.schedule(0.0)
+    assert protected.node is not None and protected.node.name == "onprem"
+    assert safe.node is not None and safe.node.name == "spot"
+    late = s.submit(trace_job("late-protected"), 1.0)
+    s.schedule(1.0)
+    assert late.node is None, "the only free room left would be spot"
+
+
+def test_interrupted_job_keeps_work_up_to_its_last_checkpoint_and_requeues() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("n", 1, Capacity.SPOT, "p", 0.0)
+    job = s.submit(trace_job("j", duration=1000.0, interval=300.0, cost=20.0), 0.0)
+    s.schedule(0.0)
+    assert job.run_wall == 1000.0 + 3 * 20.0
+    world.run_until(700.0)
+    s.remove_node("n", 700.0)
+    # two checkpoints finished (at 320 and 640 s); the 60 s since the last one are lost
+    assert job.progress == 600.0
+    assert math.isclose(job.lost_gpu_s, 60.0)
+    assert job.node is None and s.pending == 1
+    s.add_node("m", 1, Capacity.SPOT, "p", 800.0)
+    s.schedule(800.0)
+    assert job.run_wall == 400.0 + 1 * 20.0
+    assert math.isclose(job.waited, 100.0)
+
+
+def test_uncheckpointed_job_loses_everything_it_did() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("n", 2, Capacity.SPOT, "p", 0.0)
+    job = s.submit(trace_job("j", gpus=2, duration=1000.0), 0.0)
+    s.schedule(0.0)
+    world.run_until(400.0)
+    s.remove_node("n", 400.0)
+    assert job.progress == 0.0
+    assert math.isclose(s.accounting.lost_gpu_s, 800.0)
+
+
+jobs_strategy = st.lists(
+    st.tuples(
+        st.floats(0, 5000),  # submit
+        st.floats(0, 3000),  # duration
+        st.sampled_from([1, 1, 1, 2, 4, 8]),  # gpus
+        st.none() | st.floats(60, 1200),  # checkpoint interval
+        st.floats(0, 60),  # checkpoint cost
+    ),
+    min_size=1,
+    max_size=40,
+)
+nodes_strategy = st.lists(
+    st.tuples(
+        st.sampled_from([1, 2, 4, 8]),
+        st.sampled_from(list(Capacity)),
+        st.floats(0, 4000),
+        st.none() | st.floats(0, 8000),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs_strategy, nodes_strategy, st.sampled_from(list(OnPremUse)), st.booleans())
+def test_never_over_commits_and_conserves_gpu_seconds(
+    jobs: list[tuple[float, float, int, float | None, float]],
+    nodes: list[tuple[int, Capacity, float, float | None]],
+    onprem_use: OnPremUse,
+    protect: bool,
+) -> None:
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement(protect_uncheckpointable=protect, spot_safe_onprem=onprem_use))
+    timeline: list[tuple[float, int, str, object]] = []
+    for i, (submit, duration, gpus, interval, cost) in enumerate(jobs):
+        timeline.append(
+            (submit, 1, "submit", trace_job(f"j{i}", gpus, duration, submit, interval, cost))
+        )
+    for i, (gpus, kind, joins, leaves) in enumerate(nodes):
+        timeline.append((joins, 0, "join", (f"n{i}", gpus, kind)))
+        if leaves is not None and leaves > joins:
+            timeline.append((leaves, 2, "leave", f"n{i}"))
+    horizon = 20_000.0
+    for when, _, what, payload in sorted(timeline, key=lambda e: (e[0], e[1], e[2])):
+        world.run_until(when)
+        if what == "submit":
+            assert isinstance(payload, TraceJob)
+            s.submit(payload, when)
+        elif what == "join":
+            name, gpus, kind = payload  # type: ignore[misc]
+            s.add_node(name, gpus, kind, None, when)
+        else:
+            s.remove_node(str(payload), when)
+        s.schedule(when)
+        world.check()
+    world.run_until(horizon)
+    s.close(horizon)
+    acc = s.accounting
+    allocated = sum(acc.allocated_gpu_s.values())
+    assert math.isclose(
+        allocated,
+        acc.useful_gpu_s + acc.lost_gpu_s + acc.checkpoint_gpu_s,
+        rel_tol=1e-9,
+        abs_tol=1e-6,
+    )
+    for job in s.jobs:
+        assert job.progress <= job.trace.duration + 1e-9
+        if job.finished_at is not None:
+            assert math.isclose(job.progress, job.trace.duration)
+    done = sum(j.gpus * j.trace.duration for j in s.jobs if j.finished_at is not None)
+    assert acc.useful_gpu_s + 1e-6 >= done
