@@ -79,7 +79,7 @@ def view(
 
 
 def launches(plan: object) -> dict[str, int]:
-    return {l.pool: l.count for l in plan.launches}  # type: ignore[attr-defined]
+    return {launch.pool: launch.count for launch in plan.launches}  # type: ignore[attr-defined]
 
 
 SPOT1 = pool("spot-1", gpus=1)
@@ -106,7 +106,7 @@ def test_jobs_that_cannot_checkpoint_or_are_urgent_stay_off_spot() -> None:
     assert launches(plan) == {"od-1": 5, "spot-1": 4}
     assert plan.placement.allows_spot(checkpointable=False, high_priority=False) is False
     assert plan.placement.allows_spot(checkpointable=True, high_priority=True) is False
-    protected = next(l for l in plan.launches if l.pool == "od-1")
+    protected = next(launch for launch in plan.launches if launch.pool == "od-1")
     assert "spot-1" not in protected.fallbacks
 
 
@@ -236,7 +236,7 @@ def test_planned_capacity_hosts_every_job_it_can(
     ]
     demand = [group(g, n, checkpoint=1800.0 if safe else None) for g, n, safe in groups]
     plan = CostAwarePolicy().decide(view(pools, demand))
-    bought = {l.pool: l.count for l in plan.launches}
+    bought = {launch.pool: launch.count for launch in plan.launches}
     # every bought instance is a shape that fits at least one pending job, and a job that some
     # allowed pool can host is covered by the GPUs bought for its class
     by_name = {p.pool.name: p.pool for p in pools}

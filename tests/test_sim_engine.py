@@ -12,7 +12,7 @@ from autoscaler.errors import InputError
 from autoscaler.report.build import build_report
 from autoscaler.sim import replay
 from autoscaler.sim.engine import prepare, simulate
-from autoscaler.sim.scenario import LoadedScenario, PolicySpec, default_scenario_path, load_scenario
+from autoscaler.sim.scenario import LoadedScenario, default_scenario_path, load_scenario
 
 TRACE_HEADER = (
     "job_id,submit_time_s,start_time_s,duration_s,num_gpus,gpu_fraction,num_cpus,"
@@ -40,10 +40,12 @@ def small_scenario(
         "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,start_tick,"
         "end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n" + availability
     )
-    pools = pools or textwrap.dedent("""\
-        - {name: spot, provider: aws, region: r1, instance_type: small, gpus_per_instance: 1, market: spot, boot_seconds: 60}
-        - {name: od, provider: aws, region: r1, instance_type: small, gpus_per_instance: 1, market: on-demand, boot_seconds: 60}
-    """)
+    shape = (
+        "provider: aws, region: r1, instance_type: small, gpus_per_instance: 1, boot_seconds: 60"
+    )
+    pools = pools or (
+        f"- {{name: spot, market: spot, {shape}}}\n- {{name: od, market: on-demand, {shape}}}\n"
+    )
     market = market or "pools: {spot: {interruption_rate_per_hour: 0.0}}"
     text = (
         textwrap.dedent("""\
@@ -82,7 +84,10 @@ def small_scenario(
 
 def job_row(job_id: str, submit: int, duration: int, gpus: int = 1, preemptible: int = 1) -> str:
     cls = "BE" if preemptible else "LS"
-    return f"{job_id},{submit},{submit},{duration},{gpus},1.0,4,Succeeded,0,,{cls},{preemptible},,none,"
+    return (
+        f"{job_id},{submit},{submit},{duration},{gpus},1.0,4,Succeeded,0,,{cls},{preemptible},,"
+        "none,"
+    )
 
 
 def test_one_job_bursts_to_spot_and_pays_the_real_price_for_boot_and_run(tmp_path: Path) -> None:
