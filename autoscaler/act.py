@@ -102,6 +102,9 @@ class Actuator:
         self._collect_orphans(view.now, records)
         failed_providers: set[str] = set()
         for index, launch in enumerate(guarded.plan.launches):
+            if guarded.allowance.fleet_full():
+                guarded.allowance.note_skipped(guarded.plan.launches[index:])
+                break
             self._launch(view, guarded, launch, index, failed_providers, records)
         return records
 

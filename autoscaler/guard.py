@@ -9,11 +9,20 @@ the $/hour budget and the launch rate hold whatever act ends up buying.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.config import Limits
 from autoscaler.errors import PolicyError
-from autoscaler.model import LIVE_STATES, DrainRequest, FleetView, InstanceState, Plan, PoolView
+from autoscaler.model import (
+    LIVE_STATES,
+    DrainRequest,
+    FleetView,
+    InstanceState,
+    LaunchRequest,
+    Plan,
+    PoolView,
+)
 
 _INF = math.inf
 
@@ -115,6 +124,31 @@ class Allowance:
         granted = int(allowed)
         self._debit(pool_view, granted)
         return granted
+
+    def fleet_full(self) -> bool:
+        """No launch anywhere can be admitted any more this tick (a fleet-wide limit is spent)."""
+        return (
+            self.launches_left <= 0
+            or self.instances_left <= 0
+            or self.gpus_left <= 0
+            or (self.budget_left <= 0)
+        )
+
+    def note_skipped(self, launches: Sequence[LaunchRequest]) -> None:
+        """Record launches never tried because a fleet-wide limit was already spent: one clamp
+        each, rather than one per pool they would have walked."""
+        rule = next(
+            name
+            for name, room in (
+                ("launch_rate", self.launches_left),
+                ("max_instances", self.instances_left),
+                ("max_gpus", self.gpus_left),
+                ("budget", self.budget_left),
+            )
+            if room <= 0
+        )
+        for launch in launches:
+            self.clamps.append(Clamp(rule, launch.pool, launch.count, 0, _why(rule, self)))
 
     def refund(self, pool_view: PoolView, count: int) -> None:
         """Give back room for instances that were admitted but not launched."""

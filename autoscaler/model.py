@@ -85,6 +85,9 @@ LIVE_STATES = frozenset(
 )
 
 
+HOLDING_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})
+
+
 class Instance(Frozen):
     """A cloud instance as its provider lists it (the cloud is the source of truth)."""
 
@@ -322,6 +325,15 @@ class FleetView(Frozen):
         for node in self.instances:
             grouped.setdefault(node.pool, []).append(node)
         return {name: tuple(nodes) for name, nodes in grouped.items()}
+
+    @cached_property
+    def holding_by_pool(self) -> Mapping[str, int]:
+        """Instances per pool that hold or will hold capacity (requested, booting or running)."""
+        counts: dict[str, int] = {}
+        for node in self.instances:
+            if node.state in HOLDING_STATES:
+                counts[node.pool] = counts.get(node.pool, 0) + 1
+        return counts
 
     @property
     def onprem_gpus(self) -> int:

@@ -64,6 +64,7 @@ class Observer:
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
         self._last_prices: dict[str, PriceQuote] = {}
+        self._node_cache: dict[str, tuple[InstanceState, NodeUsage | None, CloudNode]] = {}
 
     def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
         errors: list[str] = []
@@ -138,11 +139,17 @@ class Observer:
             return NodeReading()
 
     def _cloud_nodes(self, usage: Mapping[str, NodeUsage]) -> tuple[CloudNode, ...]:
+        """One ``CloudNode`` per live record; last tick's object is reused when nothing about
+        the node changed, since most of a large fleet is the same from one tick to the next."""
         nodes = []
+        cache: dict[str, tuple[InstanceState, NodeUsage | None, CloudNode]] = {}
         for record in self.table.live():
             seen = usage.get(record.id)
-            nodes.append(
-                CloudNode.model_construct(
+            cached = self._node_cache.get(record.id)
+            if cached is not None and cached[0] is record.state and cached[1] == seen:
+                node = cached[2]
+            else:
+                node = CloudNode.model_construct(
                     instance_id=record.id,
                     pool=record.pool,
                     state=record.state,
@@ -154,7 +161,9 @@ class Observer:
                     empty_since=seen.empty_since if seen else None,
                     joined=seen is not None,
                 )
-            )
+            cache[record.id] = (record.state, seen, node)
+            nodes.append(node)
+        self._node_cache = cache
         return tuple(nodes)
 
     def _pool_views(self, now: float) -> tuple[PoolView, ...]:

@@ -60,28 +60,29 @@ GroupKey = tuple[int, float | None, bool, str | None]
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
     """Fold pending jobs into demand groups: same shape, same checkpoint interval, same class."""
-    counts: dict[GroupKey, list[float]] = {}
+    counts: dict[GroupKey, int] = {}
+    oldest: dict[GroupKey, float] = {}
     for job in jobs:
         key = (job.gpus, job.checkpoint_interval_s, job.high_priority, job.gpu_model)
-        entry = counts.get(key)
-        if entry is None:
-            counts[key] = [1.0, job.submit_time]
+        submitted = job.submit_time
+        if key in counts:
+            counts[key] += 1
+            oldest[key] = min(oldest[key], submitted)
         else:
-            entry[0] += 1
-            entry[1] = min(entry[1], job.submit_time)
+            counts[key] = 1
+            oldest[key] = submitted
     return [
         DemandGroup.model_construct(
             gpus_per_job=key[0],
-            jobs=int(entry[0]),
+            jobs=counts[key],
             checkpoint_interval_s=key[1],
             high_priority=key[2],
             gpu_model=key[3],
-            oldest_submit_time=entry[1],
+            oldest_submit_time=oldest[key],
         )
-        for key, entry in sorted(counts.items(), key=_group_order)
+        for key in sorted(counts, key=_group_order)
     ]
 
 
-def _group_order(item: tuple[GroupKey, list[float]]) -> tuple[int, float, bool, str]:
-    key = item[0]
+def _group_order(key: GroupKey) -> tuple[int, float, bool, str]:
     return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.model import (
+    HOLDING_STATES,
     Capacity,
     CloudNode,
     DemandGroup,
@@ -22,7 +23,6 @@ from autoscaler.model import (
     PoolView,
 )
 
-_HOLDING_STATES = (InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING)
 HOUR = 3600.0
 
 
@@ -86,15 +86,44 @@ class Supply:
             self.buckets[key] = self.buckets.get(key, 0) + count
 
 
+def leaving(view: FleetView) -> set[str]:
+    """Instances the cloud has told us it is taking back: not supply, whatever their state says."""
+    return {notice.instance_id for notice in view.notices}
+
+
+def displaced(view: FleetView, checkpoint_interval_s: float) -> list[DemandGroup]:
+    """The work on instances that are being taken back, as demand to replace now.
+
+    The notice comes before the jobs are requeued: launching at once, away from the pool, gets
+    the replacement booting while the old node still runs (AWS gives 120 s). The view does not
+    say how a node's GPUs are split between jobs, so each node counts as one job of all its
+    allocated GPUs, which buys a shape that can hold whatever ran there.
+    """
+    gone = leaving(view)
+    return [
+        DemandGroup.model_construct(
+            gpus_per_job=node.gpus_allocated,
+            jobs=1,
+            checkpoint_interval_s=checkpoint_interval_s,
+            high_priority=False,
+            gpu_model=None,
+            oldest_submit_time=view.now,
+        )
+        for node in view.instances
+        if node.instance_id in gone and node.gpus_allocated > 0
+    ]
+
+
 def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
     idle_ids = {n.instance_id for n in idle}
+    gone = leaving(view)
     result = Supply()
     for onprem in view.onprem:
         if onprem.schedulable:
             result.add(onprem.gpus_free, Capacity.ONPREM)
     pools = view.pool_by_name
     for node in view.instances:
-        if node.state not in _HOLDING_STATES:
+        if node.state not in HOLDING_STATES or node.instance_id in gone:
             continue
         pool = pools.get(node.pool)
         kind = Capacity.SPOT if pool is None or pool.pool.is_spot else Capacity.ON_DEMAND
@@ -229,7 +258,8 @@ def pack(
             rest = chosen.gpus - last * need.gpus_per_job
             if rest:
                 entry.partial.append(rest)
-            fallbacks.setdefault(chosen.name, fallbacks_for(need, chosen))
+            if chosen.name not in fallbacks:
+                fallbacks[chosen.name] = fallbacks_for(need, chosen)
     return [
         LaunchRequest(
             pool=name,
@@ -246,10 +276,7 @@ def headroom(view: FleetView, pool: PoolView) -> int:
     limit = pool.pool.max_instances
     if limit is None:
         return 1_000_000
-    live = sum(
-        1 for n in view.instances_by_pool.get(pool.pool.name, ()) if n.state in _HOLDING_STATES
-    )
-    return max(0, limit - live)
+    return max(0, limit - view.holding_by_pool.get(pool.pool.name, 0))
 
 
 def effective_cost_per_hour(
@@ -281,19 +308,32 @@ def effective_cost_per_hour(
     return price / useful
 
 
-def idle_nodes(view: FleetView, idle_seconds: float, *, by_allocation: bool) -> list[CloudNode]:
+def idle_nodes(
+    view: FleetView, idle_seconds: float | None, *, by_allocation: bool
+) -> list[CloudNode]:
     """Joined, running cloud nodes that have done nothing for ``idle_seconds``.
 
     ``by_allocation`` chooses the signal: the scheduler's "no job here" (what allocation-based
     autoscalers use) or measured GPU utilisation below the telemetry threshold (which also finds
     nodes whose jobs hold GPUs and use none of them).
+
+    ``idle_seconds=None`` waits each node's boot time: the rent-or-buy break-even, since keeping
+    an idle node that long costs what buying it again would, so the policy never pays more than
+    twice what hindsight would have (the ski-rental bound), however jobs arrive.
     """
+    pools = view.pool_by_name
     found = []
     for node in view.instances:
         if node.state is not InstanceState.RUNNING or not node.joined:
             continue
         since = node.empty_since if by_allocation else node.idle_since
-        if since is not None and view.now - since >= idle_seconds:
+        if since is None:
+            continue
+        wait = idle_seconds
+        if wait is None:
+            pool = pools.get(node.pool)
+            wait = pool.pool.boot_seconds if pool is not None else 0.0
+        if view.now - since >= wait:
             found.append(node)
     return found
 

@@ -9,14 +9,15 @@ happens to show no allocation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.model import FleetView, OnPremUse, Placement, Plan, PoolView
+from autoscaler.model import Capacity, FleetView, OnPremUse, Placement, Plan, PoolView
 from policies.common import (
     Need,
     Offer,
+    displaced,
     drain_requests,
     effective_cost_per_hour,
     headroom,
@@ -31,11 +32,11 @@ from policies.common import (
 class CostAwareParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    idle_seconds: float = Field(
-        600.0,
+    idle_seconds: float | None = Field(
+        None,
         ge=0,
-        description="drain a cloud node after its GPUs have "
-        "been idle (measured utilisation) this long",
+        description="drain a cloud node after its GPUs have been idle (measured utilisation) "
+        "this long; unset: the pool's boot time, the rent-or-buy break-even",
     )
     restart_overhead_s: float = Field(
         120.0,
@@ -62,6 +63,17 @@ class CostAwareParams(BaseModel):
         0.5,
         ge=0,
         description="rate assumed for a pool while it is marked risky after an interruption",
+    )
+    replace_on_notice: bool = Field(
+        True,
+        description="launch replacements for the work on an instance as soon as its "
+        "interruption notice arrives, away from its pool",
+    )
+    displaced_checkpoint_interval_s: float = Field(
+        3600.0,
+        gt=0,
+        description="checkpoint interval assumed for work displaced by a notice when pricing "
+        "its replacement",
     )
     keep_uncheckpointable_off_spot: bool = True
     keep_high_priority_off_spot: bool = True
@@ -94,11 +106,23 @@ class CostAwarePolicy:
     def decide(self, view: FleetView) -> Plan:
         idle = idle_nodes(view, self.params.idle_seconds, by_allocation=False)
         available = supply(view, idle)
-        needs = unmet(needs_from(view.demand.groups, self.placement), available)
+        groups = list(view.demand.groups)
+        if self.params.replace_on_notice:
+            groups += displaced(view, self.params.displaced_checkpoint_interval_s)
+        needs = unmet(needs_from(groups, self.placement), available)
+        rates = self.interruption_rates(view)
+        offers: dict[tuple[int, tuple[Capacity, ...], float | None], list[Offer]] = {}
+
+        def offers_for(need: Need) -> list[Offer]:
+            key = (need.gpus_per_job, need.tiers, need.checkpoint_interval_s)
+            if key not in offers:
+                offers[key] = self._offers(view, need, rates)
+            return offers[key]
+
         launches = pack(
             needs,
-            lambda need: self._offers(view, need),
-            lambda need, chosen: [o.name for o in self._offers(view, need)],
+            offers_for,
+            lambda need, chosen: [o.name for o in offers_for(need)],
         )
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
         return Plan(
@@ -108,7 +132,7 @@ class CostAwarePolicy:
             reason=f"{sum(n.jobs for n in needs)} pending job(s) need new capacity",
         )
 
-    def _offers(self, view: FleetView, need: Need) -> Sequence[Offer]:
+    def _offers(self, view: FleetView, need: Need, rates: Mapping[str, float]) -> list[Offer]:
         offers = []
         for pool in view.pools:
             if pool.unavailable_until is not None or pool.price is None:
@@ -121,21 +145,48 @@ class CostAwarePolicy:
                 pool,
                 need.checkpoint_interval_s,
                 self.params.restart_overhead_s,
-                self._interruption_rate(pool, view.now),
+                rates[pool.name],
                 self.params.min_useful_fraction,
             )
             offers.append(Offer(pool, cost, headroom(view, pool)))
         offers.sort(key=lambda o: o.cost_per_gpu_hour)
         return offers
 
-    def _interruption_rate(self, pool: PoolView, now: float) -> float:
-        """Per instance-hour: the quoted rate as a prior, sharpened by what we saw ourselves
-        (the posterior mean of a Poisson rate under a gamma prior worth ``prior_instance_hours``
-        of observation)."""
-        quoted = pool.price.interruption_rate_per_hour if pool.price is not None else None
-        prior = quoted if quoted is not None else self.params.default_interruption_rate_per_hour
+    def interruption_rates(self, view: FleetView) -> dict[str, float]:
+        """Interruptions per instance-hour for every pool, from what we saw and what we were told.
+
+        Two levels of evidence, each the posterior mean of a Poisson rate under a gamma prior
+        worth ``prior_instance_hours`` of observation: the pools of one instance type on one
+        cloud share a market, so their pooled record (starting from the quoted rate) is the
+        prior of each pool, which its own record then sharpens. A pool we have never used thus
+        starts as risky as its siblings have proven, not as safe as a brochure says.
+        """
         weight = self.params.prior_instance_hours
-        rate = (pool.recent_interruptions + prior * weight) / (pool.recent_instance_hours + weight)
-        if pool.risky_until is not None and pool.risky_until > now:
-            rate = max(rate, self.params.risky_interruption_rate_per_hour)
-        return rate
+        families: dict[tuple[str, str], list[PoolView]] = {}
+        for pool in view.pools:
+            families.setdefault((pool.pool.provider, pool.pool.instance_type), []).append(pool)
+        noticed = {notice.pool for notice in view.notices}
+        rates: dict[str, float] = {}
+        for members in families.values():
+            quoted = [
+                p.price.interruption_rate_per_hour
+                for p in members
+                if p.price is not None and p.price.interruption_rate_per_hour is not None
+            ]
+            told = (
+                sum(quoted) / len(quoted)
+                if quoted
+                else self.params.default_interruption_rate_per_hour
+            )
+            seen = sum(p.recent_interruptions for p in members)
+            exposure = sum(p.recent_instance_hours for p in members)
+            family_rate = (seen + told * weight) / (exposure + weight)
+            for pool in members:
+                rate = (pool.recent_interruptions + family_rate * weight) / (
+                    pool.recent_instance_hours + weight
+                )
+                risky = pool.risky_until is not None and pool.risky_until > view.now
+                if risky or pool.name in noticed:
+                    rate = max(rate, self.params.risky_interruption_rate_per_hour)
+                rates[pool.name] = rate
+        return rates

@@ -401,7 +401,9 @@ class SimScheduler:
         )
 
     def _refresh_idle(self, node: SimNode, now: float) -> None:
-        busy = node.util > self.idle_fraction * node.gpus
+        """A node is idle when every one of its GPUs is, as telemetry judges it per GPU: one busy
+        GPU among seven free ones is a node at work, not a node at 2 %."""
+        busy = any(job.trace.utilisation >= self.idle_fraction for job in node.jobs.values())
         if busy:
             node.idle_since = None
         elif node.idle_since is None:

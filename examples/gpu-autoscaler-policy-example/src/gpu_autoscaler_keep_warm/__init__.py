@@ -29,6 +29,7 @@ from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 __all__ = ["KeepWarmParams", "KeepWarmPolicy"]
 
+
 class KeepWarmParams(BaseModel):
     """What an ops engineer may set under ``policy.params``; validated before the policy runs,
     so a typo or a negative size is a one-line config error naming the field."""
@@ -63,12 +64,12 @@ class KeepWarmPolicy:
         draining = [nodes[d.instance_id] for d in plan.drains]
         warm = self._spare_spot_gpus(view, plan, draining)
 
-        # Take back the cheapest drains of spot nodes while the warm pool is short.
+        # Take back drains of spot nodes with free GPUs, cheapest first, while the pool is short.
         kept: set[str] = set()
         for node in sorted(draining, key=lambda n: (_price_per_gpu(view, n.pool), n.instance_id)):
             if warm >= self.params.warm_gpus:
                 break
-            if _is_spot(view, node.pool):
+            if _is_spot(view, node.pool) and _free_gpus(node) > 0:
                 kept.add(node.instance_id)
                 warm += _free_gpus(node)
         drains = tuple(d for d in plan.drains if d.instance_id not in kept)
