@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from autoscaler.errors import InputError, describe
 
@@ -125,12 +128,23 @@ def _policies(args: argparse.Namespace) -> int:
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         source = entry.distribution or "?"
         print(f"{entry.name}  [{source}: {entry.value}]  {summary}")
-        for field_name, field in cls.Params.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            shown = default.value if hasattr(default, "value") else default
-            about = f"  {field.description}" if field.description else ""
-            print(f"    {field_name} = {shown!r}{about}")
+        for line in _param_lines(cls.Params):
+            print("    " + line)
     return 0
+
+
+def _param_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per parameter, nested models flattened to dotted names as a config writes them."""
+    lines = []
+    for name, field in model.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            lines.extend(_param_lines(type(default), f"{prefix}{name}."))
+            continue
+        shown = default.value if isinstance(default, Enum) else default
+        about = f"  {field.description}" if field.description else ""
+        lines.append(f"{prefix}{name} = {shown!r}{about}")
+    return lines
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,13 +24,17 @@ PROVIDER_GROUP = "gpu_autoscaler.providers"
 
 @runtime_checkable
 class Policy(Protocol):
-    Params: ClassVar[type[BaseModel]]
+    """What the controller calls each tick. (Its class also carries a pydantic ``Params`` model;
+    that is checked where the class is loaded, see ``PolicyClass``.)"""
 
     def decide(self, view: FleetView) -> Plan: ...
 
 
 class PolicyClass(Protocol):
-    Params: type[BaseModel]
+    """What a plugin registers: a class with a ``Params`` model, built from validated params."""
+
+    @property
+    def Params(self) -> type[BaseModel]: ...  # noqa: N802 (the class attribute plugins define)
 
     def __call__(self, params: Any) -> Policy: ...
 

@@ -1,10 +1,13 @@
-"""Baselines a user compares the default against; both are what a reactive autoscaler does.
+"""Baselines a user compares the default against: what a reactive autoscaler such as Karpenter
+does out of the box.
 
-* ``on-demand``: launch the cheapest on-demand capacity for whatever is pending, remove nodes once
-  the scheduler has had nothing on them for ``idle_seconds``.
-* ``cheapest-spot``: the same, but buying the lowest spot *price* (a Karpenter-like lowest-price
+* ``on-demand``: launch the cheapest on-demand capacity for whatever is pending; remove a node once
+  the scheduler has had nothing on it for ``idle_seconds`` (Karpenter v1's default
+  ``consolidateAfter`` is 0 s).
+* ``cheapest-spot``: the same, buying the lowest spot *price* (a Karpenter-like lowest-price
   strategy): no interruption risk, no checkpoint awareness, every job may land on spot; when spot
-  fails for capacity it falls back to other spot pools, then to on-demand.
+  fails for capacity it falls back to other spot pools, then to on-demand; and, as Karpenter does
+  on a spot interruption warning, it starts a replacement at once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from autoscaler.model import FleetView, Placement, Plan
 from policies.common import (
     Need,
     Offer,
+    displaced,
     drain_requests,
     headroom,
     idle_nodes,
@@ -31,7 +35,7 @@ class ReactiveParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     idle_seconds: float = Field(
-        60.0,
+        0.0,
         ge=0,
         description="remove a cloud node once the scheduler has shown no job on it this long",
     )
@@ -48,7 +52,10 @@ class _Reactive:
     def decide(self, view: FleetView) -> Plan:
         idle = idle_nodes(view, self.params.idle_seconds, by_allocation=True)
         available = supply(view, idle)
-        needs = unmet(needs_from(view.demand.groups, self.placement), available)
+        groups = list(view.demand.groups)
+        if self.spot:
+            groups += displaced(view, checkpoint_interval_s=None)
+        needs = unmet(needs_from(groups, self.placement), available)
         launches = pack(
             needs,
             lambda need: self._offers(view, need),

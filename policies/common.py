@@ -91,7 +91,7 @@ def leaving(view: FleetView) -> set[str]:
     return {notice.instance_id for notice in view.notices}
 
 
-def displaced(view: FleetView, checkpoint_interval_s: float) -> list[DemandGroup]:
+def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[DemandGroup]:
     """The work on instances that are being taken back, as demand to replace now.
 
     The notice comes before the jobs are requeued: launching at once, away from the pool, gets

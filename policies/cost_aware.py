@@ -75,8 +75,12 @@ class CostAwareParams(BaseModel):
         description="checkpoint interval assumed for work displaced by a notice when pricing "
         "its replacement",
     )
-    keep_uncheckpointable_off_spot: bool = True
-    keep_high_priority_off_spot: bool = True
+    keep_uncheckpointable_off_spot: bool = Field(
+        True, description="run jobs that cannot checkpoint on on-prem or on-demand only"
+    )
+    keep_high_priority_off_spot: bool = Field(
+        True, description="run high-priority jobs on on-prem or on-demand only"
+    )
     spot_safe_onprem: OnPremUse = Field(
         OnPremUse.FIRST,
         description="how jobs that may run on "

@@ -101,7 +101,7 @@ def test_installed_plugin_is_listed_with_its_params(site: Path, tmp_path: Path) 
     assert "gpu-autoscaler-policy-example" in header
     assert "gpu_autoscaler_keep_warm:KeepWarmPolicy" in header
     assert any(line.startswith("warm_gpus = 8") for line in policies["keep-warm"])
-    assert any(line.startswith("inner = ") for line in policies["keep-warm"])
+    assert any(line.startswith("inner.idle_seconds = ") for line in policies["keep-warm"])
 
 
 def test_without_the_plugin_on_the_path_it_is_not_listed(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from autoscaler.model import (
     PoolView,
     PriceQuote,
 )
-from policies.baselines import CheapestSpotPolicy, OnDemandPolicy
+from policies.baselines import CheapestSpotPolicy, OnDemandPolicy, ReactiveParams
 from policies.common import effective_cost_per_hour
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
@@ -178,7 +178,7 @@ def test_idle_is_measured_utilisation_for_the_default_and_allocation_for_the_bas
     v = view([pv(SPOT1, 1.0)], instances=nodes)
     default = CostAwarePolicy(CostAwareParams(idle_seconds=600)).decide(v)
     assert [d.instance_id for d in default.drains] == ["held-idle"]
-    reactive = CheapestSpotPolicy().decide(v)
+    reactive = CheapestSpotPolicy(ReactiveParams(idle_seconds=60)).decide(v)
     assert sorted(d.instance_id for d in reactive.drains) == ["empty-busy"]
 
 

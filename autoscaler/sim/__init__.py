@@ -11,6 +11,7 @@ from autoscaler.sim.engine import Prepared, SimResult, prepare, simulate
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, default_scenario_path, load_scenario
 
 __all__ = [
+    "LoadedScenario",
     "Prepared",
     "SimResult",
     "default_scenario_path",

@@ -69,6 +69,7 @@ class SimResult:
     cost_by_pool: dict[str, float]
     instance_hours_by_pool: dict[str, float]
     waits_s: list[float]
+    wait_job_ids: list[str]
     jobs_total: int
     jobs_finished: int
     jobs_never_started: int
@@ -283,7 +284,7 @@ def simulate(
     cloud.settle(horizon)
     scheduler.close(horizon)
     accounting = scheduler.accounting
-    waits = [job.waited for job in scheduler.jobs if not job.trace.carried]
+    counted = [job for job in scheduler.jobs if not job.trace.carried]
     return SimResult(
         policy=spec.name,
         label=spec.title,
@@ -292,7 +293,8 @@ def simulate(
         cost=cloud.total_cost(),
         cost_by_pool={name: m.cost for name, m in cloud.meters.items()},
         instance_hours_by_pool={name: m.instance_s / 3600 for name, m in cloud.meters.items()},
-        waits_s=waits,
+        waits_s=[job.waited for job in counted],
+        wait_job_ids=[job.trace.id for job in counted],
         jobs_total=len(scheduler.jobs),
         jobs_finished=sum(1 for j in scheduler.jobs if j.finished_at is not None),
         jobs_never_started=sum(1 for j in scheduler.jobs if j.first_start is None),

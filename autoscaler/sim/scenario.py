@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import (
+    BaseModel,
     Field,
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -200,6 +202,21 @@ class LoadedScenario:
         self.scenario = scenario
         self.base = base
         self.source = source
+
+    def derive(self, **changes: Any) -> LoadedScenario:
+        """The same scenario with some top-level fields replaced (models or plain dicts), checked
+        again as a whole, e.g. ``loaded.derive(trace=loaded.scenario.trace.model_copy(
+        update={"busiest_days": 1}))`` for a quick replay."""
+        data = self.scenario.model_dump()
+        for key, value in changes.items():
+            data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+        try:
+            scenario = Scenario.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise InputError(self.source, str(first["msg"]), field=field) from None
+        return LoadedScenario(scenario, self.base, self.source)
 
     def path(self, relative: str) -> Path:
         candidate = Path(relative)
