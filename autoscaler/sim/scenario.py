@@ -220,7 +220,7 @@ class LoadedScenario:
 
     def path(self, relative: str) -> Path:
         candidate = Path(relative)
-        return candidate if candidate.is_absolute() else self.base / candidate
+        return candidate if candidate.is_absolute() else (self.base / candidate).resolve()
 
 
 def load_scenario(path: Path | str) -> LoadedScenario:

@@ -1,0 +1,61 @@
+"""The folders are the architecture: the core imports no cloud SDK and no provider or policy by
+name; policies see only the model (and their own building blocks)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOUD_SDKS = ("boto3", "botocore", "google", "azure", "moto")
+
+
+def imports(folder: str) -> dict[Path, set[str]]:
+    found: dict[Path, set[str]] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        found[path] = names
+    return found
+
+
+def test_the_core_imports_no_cloud_sdk_provider_or_policy() -> None:
+    for path, names in imports("autoscaler").items():
+        for name in names:
+            top = name.split(".")[0]
+            assert top not in CLOUD_SDKS, f"{path} imports {name}"
+            assert top not in ("providers", "policies"), f"{path} imports {name} by name"
+
+
+def test_policies_see_only_the_model() -> None:
+    allowed_core = {"autoscaler.model"}
+    for path, names in imports("policies").items():
+        for name in names:
+            top = name.split(".")[0]
+            assert top not in CLOUD_SDKS and top != "providers", f"{path} imports {name}"
+            if top == "autoscaler":
+                assert name in allowed_core, f"{path} imports {name}; policies see only the model"
+
+
+def test_the_package_imports_and_runs_without_any_cloud_sdk() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {CLOUD_SDKS!r}:\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import autoscaler.cli, autoscaler.controller, autoscaler.sim.engine, providers.sim\n"
+        "import policies.cost_aware, policies.baselines\n"
+        "from autoscaler.cli import main\n"
+        "sys.exit(main(['policies']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "cost-aware" in done.stdout
