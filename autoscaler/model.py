@@ -249,11 +249,18 @@ class Placement(Frozen):
     A policy states it with its plan; act hands it to the scheduler (node features and weights in
     Slurm, node selectors elsewhere) and the simulator's scheduler obeys it. Policies plan
     capacity with the same ``tiers`` so that what they count on is where jobs will go.
+
+    ``rebalance_onprem`` gives on-prem GPUs to the work that is hardest to place elsewhere: a
+    pending job that must stay off spot, or that needs several GPUs (large cloud shapes cost more
+    per GPU and are scarcer), may take an on-prem node from smaller jobs that may run on spot,
+    when each of those can restart at once on free cloud room; they checkpoint on request first,
+    so they lose no work, only the time to write the checkpoint.
     """
 
     protect_uncheckpointable: bool = False
     protect_high_priority: bool = False
     spot_safe_onprem: OnPremUse = OnPremUse.FIRST
+    rebalance_onprem: bool = False
 
     def allows_spot(self, checkpointable: bool, high_priority: bool) -> bool:
         if self.protect_uncheckpointable and not checkpointable:
@@ -264,6 +271,27 @@ class Placement(Frozen):
         if not self.allows_spot(checkpointable, high_priority):
             return _PROTECTED_TIERS
         return _SPOT_SAFE_TIERS[self.spot_safe_onprem]
+
+    def may_displace(self, gpus: int, checkpointable: bool, high_priority: bool) -> bool:
+        """Whether a pending job of this kind may take on-prem GPUs from movable jobs."""
+        if not self.rebalance_onprem:
+            return False
+        return gpus >= 2 or not self.allows_spot(checkpointable, high_priority)
+
+    def movable(
+        self,
+        gpus: int,
+        checkpointable: bool,
+        high_priority: bool,
+        for_gpus: int,
+        for_protected: bool,
+    ) -> bool:
+        """Whether a running job may be moved off on-prem to make room for a pending one: it
+        checkpoints and may run on spot, and it is smaller than the job it makes room for (or,
+        for a job that must stay off spot, no larger)."""
+        if not (checkpointable and self.allows_spot(checkpointable, high_priority)):
+            return False
+        return gpus < for_gpus or (for_protected and gpus <= for_gpus)
 
 
 _PROTECTED_TIERS = (Capacity.ONPREM, Capacity.ON_DEMAND)

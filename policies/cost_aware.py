@@ -87,6 +87,12 @@ class CostAwareParams(BaseModel):
         "spot use on-prem GPUs: first, after-cloud or never "
         "(keeping them for jobs that must stay off spot)",
     )
+    rebalance_onprem: bool = Field(
+        True,
+        description="let a pending job that must stay off spot, or needs several GPUs, take an "
+        "on-prem node from smaller spot-safe jobs that can restart at once on free cloud room "
+        "(they checkpoint on request first)",
+    )
     on_demand_fallback: bool = Field(
         True,
         description="let spot-safe jobs use on-demand when no "
@@ -105,6 +111,7 @@ class CostAwarePolicy:
             protect_uncheckpointable=self.params.keep_uncheckpointable_off_spot,
             protect_high_priority=self.params.keep_high_priority_off_spot,
             spot_safe_onprem=self.params.spot_safe_onprem,
+            rebalance_onprem=self.params.rebalance_onprem,
         )
 
     def decide(self, view: FleetView) -> Plan:

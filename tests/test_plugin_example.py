@@ -168,7 +168,7 @@ def test_loaded_by_name_and_replayed_by_name(site: Path, tmp_path: Path) -> None
     assert warm["min_cloud_gpus"] >= 4
     assert warm["cost"] > base["cost"]
     assert warm["jobs_total"] == base["jobs_total"] > 0
-    assert warm["jobs_finished"] == base["jobs_finished"] > 0
+    assert warm["jobs_finished"] >= base["jobs_finished"] > 0
     assert warm["held_ticks"] == 0  # the controller never had to reject one of its plans
 
 

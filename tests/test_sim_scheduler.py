@@ -125,6 +125,64 @@ def test_uncheckpointed_job_loses_everything_it_did() -> None:
     assert math.isclose(s.accounting.lost_gpu_s, 800.0)
 
 
+def test_rebalance_gives_onprem_to_a_protected_job_and_moves_spot_safe_work_without_loss() -> None:
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement(protect_uncheckpointable=True, rebalance_onprem=True))
+    s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
+    mobile = s.submit(trace_job("mobile", duration=5000.0, interval=600.0, cost=10.0), 0.0)
+    s.schedule(0.0)
+    assert mobile.node is not None and mobile.node.name == "onprem"
+    world.run_until(700.0)
+    protected = s.submit(trace_job("protected", duration=100.0), 700.0)
+    s.schedule(700.0)
+    assert protected.node is None, "no cloud room to move the spot-safe job to"
+    s.add_node("spot", 1, Capacity.SPOT, "p", 800.0)
+    s.schedule(800.0)
+    assert protected.node is not None and protected.node.name == "onprem"
+    assert mobile.node is not None and mobile.node.name == "spot"
+    # one 600 s + 10 s cycle done and 190 s of work since, all kept by the checkpoint on request
+    assert mobile.progress == 600.0 + 190.0
+    assert mobile.lost_gpu_s == 0.0 and s.accounting.migrations == 1
+    assert mobile.run_wall == mobile.wall_for(5000.0 - 790.0) + 10.0
+    assert protected.waited == 100.0 and mobile.waited == 0.0
+
+
+def test_rebalance_makes_room_for_a_big_job_but_never_moves_one_as_big() -> None:
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement(rebalance_onprem=True))
+    s.add_node("onprem", 8, Capacity.ONPREM, None, 0.0)
+    small = [s.submit(trace_job(f"s{i}", duration=9000.0, interval=600.0), 0.0) for i in range(2)]
+    s.schedule(0.0)
+    s.add_node("spot-a", 1, Capacity.SPOT, "p", 10.0)
+    s.add_node("spot-b", 1, Capacity.SPOT, "p", 10.0)
+    big = s.submit(trace_job("big", gpus=8, duration=10000.0, interval=600.0), 10.0)
+    s.schedule(10.0)
+    assert big.node is not None and big.node.name == "onprem"
+    assert sorted(j.node.name for j in small if j.node) == ["spot-a", "spot-b"]
+    world.run_until(200.0)
+    rival = s.submit(trace_job("rival", gpus=8, duration=100.0, interval=600.0), 200.0)
+    s.add_node("spot-8", 8, Capacity.SPOT, "p", 200.0)
+    s.schedule(200.0)
+    assert rival.node is not None and rival.node.name == "spot-8"
+    assert big.node is not None and big.node.name == "onprem", "an 8-GPU job is never moved for one"
+
+
+def test_without_rebalance_nothing_moves() -> None:
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement(protect_uncheckpointable=True))
+    s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
+    s.add_node("spot", 1, Capacity.SPOT, "p", 0.0)
+    mobile = s.submit(trace_job("mobile", interval=600.0), 0.0)
+    s.schedule(0.0)
+    protected = s.submit(trace_job("protected"), 1.0)
+    s.schedule(1.0)
+    assert mobile.node is not None and mobile.node.name == "onprem"
+    assert protected.node is None
+
+
 jobs_strategy = st.lists(
     st.tuples(
         st.floats(0, 5000),  # submit
@@ -149,16 +207,25 @@ nodes_strategy = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(jobs_strategy, nodes_strategy, st.sampled_from(list(OnPremUse)), st.booleans())
+@given(
+    jobs_strategy, nodes_strategy, st.sampled_from(list(OnPremUse)), st.booleans(), st.booleans()
+)
 def test_never_over_commits_and_conserves_gpu_seconds(
     jobs: list[tuple[float, float, int, float | None, float]],
     nodes: list[tuple[int, Capacity, float, float | None]],
     onprem_use: OnPremUse,
     protect: bool,
+    rebalance: bool,
 ) -> None:
     world = World()
     s = world.scheduler
-    s.apply_placement(Placement(protect_uncheckpointable=protect, spot_safe_onprem=onprem_use))
+    s.apply_placement(
+        Placement(
+            protect_uncheckpointable=protect,
+            spot_safe_onprem=onprem_use,
+            rebalance_onprem=rebalance,
+        )
+    )
     timeline: list[tuple[float, int, str, object]] = []
     for i, (submit, duration, gpus, interval, cost) in enumerate(jobs):
         timeline.append(

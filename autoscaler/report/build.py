@@ -118,6 +118,7 @@ def policy_result(
         interruptions=result.interruptions,
         checkpoints=result.checkpoints,
         requeues=result.requeues,
+        migrations=result.migrations,
         instances_launched=result.launched,
         capacity_failures=result.capacity_failures,
         held_ticks=result.held_ticks,

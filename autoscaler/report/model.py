@@ -69,6 +69,7 @@ class PolicyResult(Frozen):
     interruptions: int
     checkpoints: int
     requeues: int
+    migrations: int = 0
     instances_launched: int
     capacity_failures: int
     held_ticks: int

@@ -82,6 +82,7 @@ class SimResult:
     interruptions: int
     checkpoints: int
     requeues: int
+    migrations: int
     launched: int
     capacity_failures: int
     held_ticks: int
@@ -307,6 +308,7 @@ def simulate(
         interruptions=cloud.stats.interruptions,
         checkpoints=accounting.checkpoints,
         requeues=accounting.requeues,
+        migrations=accounting.migrations,
         launched=cloud.stats.launched,
         capacity_failures=cloud.stats.capacity_failures,
         held_ticks=held,

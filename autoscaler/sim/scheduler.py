@@ -83,6 +83,7 @@ class Accounting:
     interruptions: int = 0
     checkpoints: int = 0
     requeues: int = 0
+    migrations: int = 0
 
 
 BucketKey = tuple[int, float | None, bool]
@@ -252,19 +253,7 @@ class SimScheduler:
         lower bound on what they would have waited)."""
         for node in self.nodes.values():
             for job in node.jobs.values():
-                assert job.run_start is not None
-                elapsed = now - job.run_start
-                interval = job.trace.checkpoint_interval_s
-                work = elapsed
-                if interval is not None:
-                    cycle = interval + job.trace.checkpoint_duration_s
-                    done = math.floor(elapsed / cycle)
-                    work = done * interval + min(interval, elapsed - done * cycle)
-                    self.accounting.checkpoints += done
-                work = min(work, job.trace.duration - job.progress)
-                self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
-                self.accounting.useful_gpu_s += job.gpus * work
-                self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
+                self._account_run(job, node, now)
         for heap in self._buckets.values():
             for _, job in heap:
                 job.waited += now - job.pending_since
@@ -294,7 +283,112 @@ class SimScheduler:
             started += 1
             if heap and key[0] <= self._max_free:
                 heapq.heappush(heads, (heap[0][0], key))
+        if self.placement.rebalance_onprem:
+            started += self._rebalance(now)
         return started
+
+    def _rebalance(self, now: float) -> int:
+        """Hand on-prem nodes to pending jobs that need them most (``Placement.rebalance_onprem``),
+        moving smaller spot-safe jobs to free cloud room; returns how many pending jobs started."""
+        started = 0
+        candidates = sorted(
+            (heap[0][0], key)
+            for key, heap in self._buckets.items()
+            if heap and self.placement.may_displace(key[0], key[1] is not None, key[2])
+        )
+        for _, key in candidates:
+            heap = self._buckets[key]
+            while heap:
+                job = heap[0][1]
+                room = self._room_on_prem(job)
+                if room is None:
+                    break
+                node, moves = room
+                for victim, target in moves:
+                    self._migrate(victim, target, now)
+                heapq.heappop(heap)
+                self._demand_cache = None
+                self._start(job, node, now)
+                started += 1
+        return started
+
+    def _room_on_prem(self, job: SimJob) -> tuple[SimNode, list[tuple[SimJob, SimNode]]] | None:
+        """The on-prem node that frees room for ``job`` by moving the fewest GPUs, with a cloud
+        node for each job moved; None when no node can."""
+        if Capacity.ONPREM not in self._tiers(job):
+            return None
+        protected = not self.placement.allows_spot(
+            job.trace.checkpoint_interval_s is not None, job.trace.high_priority
+        )
+        options: list[tuple[int, int, SimNode, list[SimJob]]] = []
+        for node in self.nodes.values():
+            if node.kind is not Capacity.ONPREM or node.leaving or node.gpus < job.gpus:
+                continue
+            movable = [
+                j
+                for j in node.jobs.values()
+                if self.placement.movable(
+                    j.gpus,
+                    j.trace.checkpoint_interval_s is not None,
+                    j.trace.high_priority,
+                    job.gpus,
+                    protected,
+                )
+            ]
+            if node.free + sum(j.gpus for j in movable) < job.gpus:
+                continue
+            # Youngest first: with heavy-tailed run times the job that started last is the one
+            # expected to finish soonest, so it keeps the cloud room it moves to the shortest.
+            movable.sort(key=lambda j: (-(j.run_start or 0.0), j.seq))
+            chosen: list[SimJob] = []
+            short = job.gpus - node.free
+            for candidate in movable:
+                if short <= 0:
+                    break
+                chosen.append(candidate)
+                short -= candidate.gpus
+            options.append((sum(j.gpus for j in chosen), len(chosen), node, chosen))
+        for _, _, node, chosen in sorted(options, key=lambda o: (o[0], o[1], o[2].name)):
+            targets = self._cloud_room(chosen)
+            if targets is not None:
+                return node, list(zip(chosen, targets, strict=True))
+        return None
+
+    def _cloud_room(self, jobs: Sequence[SimJob]) -> list[SimNode] | None:
+        """A cloud node with free room, now, for each job (best fit, spot before on-demand)."""
+        held: list[tuple[SimNode, int]] = []
+        targets: list[SimNode] = []
+        for moving in jobs:
+            target = None
+            for kind in self._tiers(moving):
+                if kind is Capacity.ONPREM:
+                    continue
+                target = self._tightest(kind, moving.gpus)
+                if target is not None:
+                    break
+            if target is None:
+                break
+            self._index_remove(target)
+            target.free -= moving.gpus
+            self._index_add(target)
+            held.append((target, moving.gpus))
+            targets.append(target)
+        for target, gpus in held:
+            self._index_remove(target)
+            target.free += gpus
+            self._index_add(target)
+        return targets if len(targets) == len(jobs) else None
+
+    def _migrate(self, job: SimJob, target: SimNode, now: float) -> None:
+        """Checkpoint on request and restart on ``target``: no work lost, one checkpoint write
+        paid on the new node before the job goes on."""
+        node = job.node
+        assert node is not None
+        job.progress += self._account_run(job, node, now)
+        self.accounting.migrations += 1
+        self._detach(job, now)
+        job.pending_since = now
+        self._start(job, target, now, extra_s=job.trace.checkpoint_duration_s)
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
         return self.placement.tiers(
@@ -302,18 +396,22 @@ class SimScheduler:
         )
 
     def _best_fit(self, job: SimJob) -> SimNode | None:
-        need = job.gpus
         for kind in self._tiers(job):
-            by_free = self._index[kind]
-            best: int | None = None
-            for free, nodes in by_free.items():
-                if nodes and free >= need and (best is None or free < best):
-                    best = free
-            if best is not None:
-                return next(iter(by_free[best].values()))
+            node = self._tightest(kind, job.gpus)
+            if node is not None:
+                return node
         return None
 
-    def _start(self, job: SimJob, node: SimNode, now: float) -> None:
+    def _tightest(self, kind: Capacity, gpus: int) -> SimNode | None:
+        """The node of this kind with the least free room that still holds ``gpus``."""
+        by_free = self._index[kind]
+        best: int | None = None
+        for free, nodes in by_free.items():
+            if nodes and free >= gpus and (best is None or free < best):
+                best = free
+        return next(iter(by_free[best].values())) if best is not None else None
+
+    def _start(self, job: SimJob, node: SimNode, now: float, extra_s: float = 0.0) -> None:
         self._index_remove(node)
         node.free -= job.gpus
         self.busy_gpus[node.kind] += job.gpus
@@ -329,7 +427,7 @@ class SimScheduler:
         job.node = node
         job.run_start = now
         job.run_id += 1
-        job.run_wall = job.wall_for(job.trace.duration - job.progress)
+        job.run_wall = job.wall_for(job.trace.duration - job.progress) + extra_s
         self.on_start(job, now + job.run_wall)
 
     def _detach(self, job: SimJob, now: float) -> None:
@@ -351,6 +449,24 @@ class SimScheduler:
         job.run_start = None
         job.run_id += 1
         self._dirty = True
+
+    def _account_run(self, job: SimJob, node: SimNode, now: float) -> float:
+        """Count a run that stops now with all its work kept (end of replay, or a checkpoint
+        taken on request); returns the work it did."""
+        assert job.run_start is not None
+        elapsed = now - job.run_start
+        interval = job.trace.checkpoint_interval_s
+        work = elapsed
+        if interval is not None:
+            cycle = interval + job.trace.checkpoint_duration_s
+            done = math.floor(elapsed / cycle)
+            work = done * interval + min(interval, elapsed - done * cycle)
+            self.accounting.checkpoints += done
+        work = min(work, job.trace.duration - job.progress)
+        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        self.accounting.useful_gpu_s += job.gpus * work
+        self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
+        return work
 
     def _interrupt(self, job: SimJob, when: float) -> None:
         node = job.node
