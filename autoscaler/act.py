@@ -33,6 +33,7 @@ from autoscaler.model import (
     InstanceState,
     InterruptionNotice,
     LaunchRequest,
+    NoticeKind,
     Placement,
     PoolView,
 )
@@ -126,6 +127,19 @@ class Actuator:
             InstanceState.TERMINATED,
         ):
             return
+        if notice.kind is not NoticeKind.TERMINATE:
+            records.append(
+                ActionRecord(
+                    "notice",
+                    record.pool,
+                    0,
+                    0,
+                    "noted",
+                    f"{notice.kind} recommendation",
+                    instance_ids=(record.id,),
+                )
+            )
+            return
         record.move(InstanceState.INTERRUPTED, now, f"{notice.kind} notice")
         record.interrupt_deadline = notice.deadline
         self.history.record(record.pool, now)
@@ -167,7 +181,21 @@ class Actuator:
             if running and view.now - started < self.config.drain_timeout_s:
                 continue
             if running and self.scheduler is not None:
-                evicted = self.scheduler.evict(record.id, "drain timed out")
+                try:
+                    evicted = self.scheduler.evict(record.id, "drain timed out")
+                except Exception as exc:
+                    records.append(
+                        ActionRecord(
+                            "evict",
+                            record.pool,
+                            running,
+                            0,
+                            "error",
+                            describe(exc),
+                            instance_ids=(record.id,),
+                        )
+                    )
+                    continue
                 records.append(
                     ActionRecord(
                         "evict",

@@ -11,6 +11,7 @@ from autoscaler.model import (
     InstanceState,
     InterruptionNotice,
     LaunchRequest,
+    NoticeKind,
     OnPremNode,
     Plan,
 )
@@ -267,3 +268,26 @@ def test_a_restarted_controller_adopts_what_the_cloud_lists() -> None:
     report = fresh.controller.tick()
     assert [n.state for n in report.view.instances] == [InstanceState.RUNNING]
     assert not fresh.cloud.launch_calls, "the adopted instance already covers the job"
+
+
+def test_a_rebalance_recommendation_is_noted_but_does_not_drain() -> None:
+    t = rig([pool("a")], {"a": 1.0})
+    t.queue.jobs = [job("j")]
+    t.controller.tick()
+    t.cloud.boot_all()
+    (instance,) = t.cloud.instances
+    now = t.clock.now()
+    t.cloud.notices = [
+        InterruptionNotice(
+            instance_id=instance,
+            pool="a",
+            kind=NoticeKind.REBALANCE,
+            received_at=now,
+            deadline=now + 600,
+        )
+    ]
+    t.clock.advance(60)
+    report = t.controller.tick()
+    assert [a.kind for a in report.actions if a.kind == "notice"] == ["notice"]
+    assert not t.scheduler.drained
+    assert t.controller.table.get(instance).state is InstanceState.RUNNING  # type: ignore[union-attr]
