@@ -44,6 +44,7 @@ from autoscaler.sources import WorkloadScheduler
 log = logging.getLogger(__name__)
 
 _DRAINABLE = (InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING)
+INTERRUPTION_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Actuator:
                 )
             )
         self._progress_drains(view, records)
+        self._finish_interrupted(view.now, records)
         self._collect_orphans(view.now, records)
         failed_providers: set[str] = set()
         for index, launch in enumerate(guarded.plan.launches):
@@ -143,7 +145,8 @@ class Actuator:
         record.move(InstanceState.INTERRUPTED, now, f"{notice.kind} notice")
         record.interrupt_deadline = notice.deadline
         self.history.record(record.pool, now)
-        detail = f"{notice.kind} notice, deadline in {notice.deadline - now:.0f}s"
+        deadline = notice.deadline if notice.deadline is not None else now
+        detail = f"{notice.kind} notice, deadline in {deadline - now:.0f}s"
         if self.scheduler is not None:
             try:
                 self.scheduler.drain(record.id, "spot interruption notice")
@@ -209,6 +212,18 @@ class Actuator:
                 )
             to_terminate.append(record)
         self._terminate(to_terminate, view.now, "drained", records)
+
+    def _finish_interrupted(self, now: float, records: list[ActionRecord]) -> None:
+        """An instance the cloud said it would take back and still lists well past the deadline
+        is terminated by us: we never pay for capacity we have already written off."""
+        overdue = [
+            r
+            for r in self.table.live()
+            if r.state is InstanceState.INTERRUPTED
+            and r.interrupt_deadline is not None
+            and now > r.interrupt_deadline + INTERRUPTION_GRACE_S
+        ]
+        self._terminate(overdue, now, "interrupted and still running past its deadline", records)
 
     def _collect_orphans(self, now: float, records: list[ActionRecord]) -> None:
         orphans = [r for r in self.table.live() if r.pool not in self._pools]

@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     policies = commands.add_parser("policies", help="list the installed policies and their params")
     policies.set_defaults(run=_policies)
 
+    run = commands.add_parser("run", help="run the controller")
+    run.add_argument("--config", type=Path, required=True)
+    run.add_argument("--ticks", type=int, default=None, help="stop after this many ticks")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.set_defaults(run=_run)
+
     for name in ("report", "simulate"):
         report = commands.add_parser(
             name, help="replay a scenario through policies and write the dry-run cost report"
@@ -114,6 +120,27 @@ def _validate(args: argparse.Namespace) -> int:
         f"policy {config.policy.name!r}"
     )
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from autoscaler.clock import SystemClock
+    from autoscaler.config import load_config
+    from autoscaler.controller import Controller
+    from autoscaler.policy import load_policy
+    from autoscaler.runner import Runner
+    from autoscaler.wiring import build_providers, build_sources
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    config = load_config(args.config)
+    policy = load_policy(config.policy.name, config.policy.params, where=str(args.config))
+    providers = build_providers(config, where=str(args.config))
+    sources = build_sources(config)
+    controller = Controller(config, policy, providers, SystemClock(), sources)
+    return Runner(controller, providers).run(max_ticks=args.ticks)
 
 
 def _policies(args: argparse.Namespace) -> int:

@@ -41,10 +41,21 @@ class PolicyConfig(Frozen):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class SourceConfig(Frozen):
+    """A queue source: which kind (an entry point in ``gpu_autoscaler.sources``) and its settings,
+    which the source checks itself."""
+
+    kind: str
+    name: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
 class ControllerConfig(Frozen):
     fleet_id: Name
     tick_seconds: PositiveFloat = 60.0
     policy: PolicyConfig = PolicyConfig()
+    providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    sources: tuple[SourceConfig, ...] = ()
     pools: tuple[Pool, ...] = ()
     limits: Limits = Limits()
     capacity_cache_ttl_s: NonNegativeFloat = 300.0

@@ -22,7 +22,7 @@ from autoscaler.config import ControllerConfig
 from autoscaler.errors import InputError, describe
 from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
 from autoscaler.lifecycle import InstanceTable
-from autoscaler.model import FleetView, Plan
+from autoscaler.model import FleetView, InterruptionNotice, Plan
 from autoscaler.observe import Observer
 from autoscaler.policy import Policy
 from autoscaler.provider import Provider
@@ -67,6 +67,7 @@ class Controller:
                 field="pools",
             )
         self.config = config
+        self.providers = providers
         self.policy = policy
         self.clock = clock
         self.timer = timer
@@ -105,6 +106,7 @@ class Controller:
         plan, held = self._decide(view)
         guarded = guard(plan, view, self.config.limits, self.memory)
         actions = self.actuator.act(view, guarded)
+        self._acknowledge(observation.polled, observation.errors)
         if held is None:
             self.last_plan = plan
         else:
@@ -120,6 +122,15 @@ class Controller:
             errors=observation.errors,
             duration_s=self.timer() - started,
         )
+
+    def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:
+        for name, notices in polled.items():
+            if not notices:
+                continue
+            try:
+                self.providers[name].acknowledge(notices)
+            except Exception as exc:
+                errors.append(f"provider {name}: acknowledging notices failed: {describe(exc)}")
 
     def _decide(self, view: FleetView) -> tuple[Plan, str | None]:
         try:

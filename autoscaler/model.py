@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
@@ -33,7 +33,11 @@ class Market(StrEnum):
 
 
 class Pool(Frozen):
-    """One kind of capacity we can launch: a provider, a place and a shape, bought one way."""
+    """One kind of capacity we can launch: a provider, a place and a shape, bought one way.
+
+    ``options`` are the provider's own (subnets, launch template, ...), checked by the provider
+    when it is built, so the core stays ignorant of every cloud.
+    """
 
     name: Name
     provider: Name
@@ -45,6 +49,7 @@ class Pool(Frozen):
     market: Market
     max_instances: NonNegativeInt | None = None
     boot_seconds: NonNegativeFloat = 300.0
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def is_spot(self) -> bool:
@@ -200,11 +205,14 @@ class NoticeKind(StrEnum):
 
 
 class InterruptionNotice(Frozen):
+    """A cloud saying it will take an instance back (``deadline``), or that it is at elevated
+    risk of doing so (a rebalance recommendation, with no deadline)."""
+
     instance_id: str
     pool: str
     kind: NoticeKind = NoticeKind.TERMINATE
     received_at: float
-    deadline: float
+    deadline: float | None = None
 
 
 class PoolView(Frozen):

@@ -40,6 +40,7 @@ class Observation:
     sync: SyncReport
     errors: list[str] = field(default_factory=list)
     failed_providers: set[str] = field(default_factory=set)
+    polled: dict[str, list[InterruptionNotice]] = field(default_factory=dict)
 
 
 class Observer:
@@ -70,6 +71,7 @@ class Observer:
         errors: list[str] = []
         listed: list[tuple[str, Instance]] = []
         notices: list[InterruptionNotice] = []
+        polled: dict[str, list[InterruptionNotice]] = {}
         listed_ok: set[str] = set()
         failed: set[str] = set()
         for name, provider in self.providers.items():
@@ -81,7 +83,8 @@ class Observer:
                 errors.append(f"provider {name}: listing failed: {describe(exc)}")
                 continue
             try:
-                notices.extend(provider.poll_notices())
+                polled[name] = provider.poll_notices()
+                notices.extend(polled[name])
             except Exception as exc:
                 errors.append(f"provider {name}: notices failed: {describe(exc)}")
             pools = self._pools_by_provider.get(name, [])
@@ -114,7 +117,7 @@ class Observer:
         )
         for message in errors:
             log.warning("observe: %s", message)
-        return Observation(view, sync, errors, failed)
+        return Observation(view, sync, errors, failed, polled)
 
     def _read_demand(self, now: float, errors: list[str]) -> Demand:
         groups: list[DemandGroup] = []

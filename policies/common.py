@@ -338,6 +338,25 @@ def idle_nodes(
     return found
 
 
+def unobserved_nodes(view: FleetView, idle_seconds: float | None) -> list[CloudNode]:
+    """Running cloud nodes no scheduler or telemetry reports on, past their boot and idle time.
+
+    For fleets with no node telemetry (queue workers), these are what a policy can give back
+    when demand no longer needs them; anywhere else, unknown must not be read as idle.
+    """
+    pools = view.pool_by_name
+    found = []
+    for node in view.instances:
+        if node.state is not InstanceState.RUNNING or node.joined:
+            continue
+        pool = pools.get(node.pool)
+        boot = pool.pool.boot_seconds if pool is not None else 0.0
+        wait = boot if idle_seconds is None else boot + idle_seconds
+        if view.now - node.launched_at >= wait:
+            found.append(node)
+    return found
+
+
 def drain_requests(
     nodes: Iterable[CloudNode], keep: set[str], view: FleetView, reason: str
 ) -> tuple[DrainRequest, ...]:

@@ -10,6 +10,7 @@ happens to show no allocation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +27,7 @@ from policies.common import (
     pack,
     supply,
     unmet,
+    unobserved_nodes,
 )
 
 
@@ -93,6 +95,12 @@ class CostAwareParams(BaseModel):
         "on-prem node from smaller spot-safe jobs that can restart at once on free cloud room "
         "(they checkpoint on request first)",
     )
+    unobserved_nodes: Literal["keep", "surplus"] = Field(
+        "keep",
+        description="cloud nodes no scheduler or telemetry reports on: keep them (their use is "
+        "unknown), or drain those pending demand does not need (fleets of queue workers without "
+        "node telemetry)",
+    )
     on_demand_fallback: bool = Field(
         True,
         description="let spot-safe jobs use on-demand when no "
@@ -116,6 +124,8 @@ class CostAwarePolicy:
 
     def decide(self, view: FleetView) -> Plan:
         idle = idle_nodes(view, self.params.idle_seconds, by_allocation=False)
+        if self.params.unobserved_nodes == "surplus":
+            idle += unobserved_nodes(view, self.params.idle_seconds)
         available = supply(view, idle)
         groups = list(view.demand.groups)
         if self.params.replace_on_notice:

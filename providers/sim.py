@@ -32,3 +32,6 @@ class SimProvider:
 
     def poll_notices(self) -> list[InterruptionNotice]:
         return self.cloud.take_notices(self.name)
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        """Simulated notices are gone once read."""

@@ -44,6 +44,7 @@ class FakeCloud:
     faults: list[ProviderError | None] = field(default_factory=list)
     list_error: Exception | None = None
     notices: list[InterruptionNotice] = field(default_factory=list)
+    unacknowledged: list[InterruptionNotice] = field(default_factory=list)
     launch_calls: list[tuple[str, int, str]] = field(default_factory=list)
     terminate_calls: list[list[str]] = field(default_factory=list)
     now: Callable[[], float] = lambda: 0.0
@@ -102,7 +103,12 @@ class FakeCloud:
 
     def poll_notices(self) -> list[InterruptionNotice]:
         taken, self.notices = self.notices, []
+        self.unacknowledged.extend(taken)
         return taken
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        for notice in notices:
+            self.unacknowledged.remove(notice)
 
     def boot_all(self) -> None:
         for instance_id, instance in list(self.instances.items()):

@@ -187,6 +187,7 @@ def test_interruption_notice_marks_the_pool_risky_and_drains_the_node() -> None:
     report = t.controller.tick()
     assert report.view.pool_by_name["a"].risky_until is not None
     assert report.view.pool_by_name["a"].recent_interruptions == 1
+    assert not t.cloud.unacknowledged, "handled notices are acknowledged after the tick"
 
 
 def test_notices_for_instances_we_do_not_own_are_ignored() -> None:
@@ -197,6 +198,7 @@ def test_notices_for_instances_we_do_not_own_are_ignored() -> None:
     report = t.controller.tick()
     assert report.view.notices == ()
     assert not t.scheduler.drained
+    assert not t.cloud.unacknowledged, "a stranger's notice is acknowledged too, not redelivered"
 
 
 def test_idle_drain_uses_measured_utilisation_not_allocation() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -245,8 +246,7 @@ def test_summary_without_findings_or_bounds_says_so(report: Report) -> None:
 # ---------------------------------------------------------------- HTML
 
 
-def test_html_is_self_contained(report: Report) -> None:
-    page = render_html(report)
+def test_html_is_self_contained(page: str) -> None:
     assert page.startswith("<!DOCTYPE html>")
     assert page.count("<svg") == 3
     assert "<style>" in page
@@ -258,28 +258,26 @@ def test_html_is_self_contained(report: Report) -> None:
     assert "<?xml" not in page
 
 
-def test_html_escapes_text(report: Report) -> None:
-    page = render_html(report)
+def test_html_escapes_text(page: str) -> None:
     assert "<b>" not in page
     assert "On-demand only &lt;b&gt;" in page
 
 
-def test_html_has_the_tables_and_assumptions(report: Report) -> None:
-    page = render_html(report)
+def test_html_has_the_tables_and_assumptions(page: str) -> None:
     assert "÷ LB W=0s" in page
     assert "$12,345" in page
     assert CHECKPOINT_ASSUMPTION in page
     assert page.count("<table>") >= 6
 
 
-def test_html_ids_are_unique(report: Report) -> None:
-    ids = re.findall(r'\bid="([^"]+)"', render_html(report))
+def test_html_ids_are_unique(page: str) -> None:
+    ids = re.findall(r'\bid="([^"]+)"', page)
     assert ids
     assert len(ids) == len(set(ids))
 
 
-def test_html_is_byte_for_byte_deterministic(report: Report) -> None:
-    assert render_html(report) == render_html(report.model_copy(deep=True))
+def test_html_is_byte_for_byte_deterministic(page: str, report: Report) -> None:
+    assert render_html(report) == page
 
 
 def test_html_handles_a_missing_bound_and_odd_labels(report: Report) -> None:
@@ -340,14 +338,14 @@ def test_failed_write_keeps_the_old_file_and_removes_the_temporary(
     report: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "report.md").write_text("previous report\n", encoding="utf-8")
-    real_replace = write_module.os.replace
+    real_replace = os.replace
 
     def failing_replace(src: str | Path, dst: str | Path) -> None:
         if Path(dst).name == "report.md":
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(write_module.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(InputError, match=r"cannot write report\.md: No space left on device"):
         write_report(report, tmp_path)
     assert (tmp_path / "report.md").read_text(encoding="utf-8") == "previous report\n"

@@ -14,7 +14,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -119,12 +119,14 @@ class Section:
     blocks: tuple[Block, ...]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_cols: int = 1) -> Table:
-    """The first ``text_cols`` columns are words; the rest are numbers."""
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], words: Collection[int] = (0,)
+) -> Table:
+    """Columns listed in ``words`` hold text and stay left-aligned; the rest are numbers."""
     return Table(
         headers=tuple(headers),
         rows=tuple(tuple(r) for r in rows),
-        right=tuple(i >= text_cols for i in range(len(headers))),
+        right=tuple(i not in words for i in range(len(headers))),
     )
 
 
@@ -199,7 +201,8 @@ def lower_bound_table(report: Report) -> Table:
         ]
         for b in report.lower_bounds
     ]
-    return _table(["Max wait W", "Cost", "Method", "Status", "Bin", "Solve time"], rows)
+    headers = ["Max wait W", "Cost", "Method", "Status", "Bin", "Solve time"]
+    return _table(headers, rows, words=(0, 2, 3))
 
 
 def _bound_line(bound: LowerBoundResult) -> str:
@@ -318,8 +321,7 @@ def activity_table(report: Report) -> Table:
         ]
         for p in report.policies
     ]
-    table = _table(headers, rows)
-    return Table(table.headers, table.rows, (*table.right[:-1], False))
+    return _table(headers, rows, words=(0, len(headers) - 1))
 
 
 def pools_table(report: Report) -> Table:
@@ -348,7 +350,7 @@ def pools_table(report: Report) -> Table:
         ]
         for r in report.pools
     ]
-    return _table(headers, rows, text_cols=7)
+    return _table(headers, rows, words=range(7))
 
 
 def replay_table(report: Report) -> Table:
@@ -441,7 +443,7 @@ def summary_markdown(report: Report) -> str:
     parts = [f"## {_md_text(_title(report))}", _md_table(comparison_table(report))]
     if report.lower_bounds:
         parts.append("\n".join(f"- {_bound_line(b)}" for b in report.lower_bounds))
-    parts.append(_md_block(_findings(report)))
+    parts.append("Findings:\n\n" + _md_block(_findings(report)))
     parts.append("Assumptions:\n\n" + _md_block(_assumptions(report)))
     return "\n\n".join(parts) + "\n"
 
@@ -507,7 +509,13 @@ def _svg(figure: Any, scope: str) -> str:
 
 
 def _dollars_axis(ax: Any) -> None:
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _usd(v)))
+    """One style for every tick: cents only when the whole axis spans less than $100."""
+
+    def tick(value: float, _pos: int | None) -> str:
+        cents = max(abs(v) for v in ax.get_ylim()) < 100
+        return f"${value:,.2f}" if cents else f"${value:,.0f}"
+
+    ax.yaxis.set_major_formatter(FuncFormatter(tick))
 
 
 def cost_svg(report: Report) -> str:
@@ -578,6 +586,20 @@ def _wait_unit(values: Sequence[float]) -> tuple[str, float]:
     return "s", 1.0
 
 
+def _hourly_steps(series: Series, scale: float) -> tuple[list[float], list[float]]:
+    """Each submission hour as its own flat segment, with a break over hours in which no job was
+    submitted: joining across the gap would claim waits for jobs that do not exist."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for k, (hour, value) in enumerate(zip(series.t_hours, series.values, strict=True)):
+        if k and hour != series.t_hours[k - 1] + 1:
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs += [hour / HOURS_PER_DAY, (hour + 1) / HOURS_PER_DAY]
+        ys += [value / scale, value / scale]
+    return xs, ys
+
+
 def wait_svg(report: Report) -> str:
     everything = [v for p in report.policies for v in p.timeline.wait_p95_by_hour.values]
     unit, scale = _wait_unit([*everything, report.wait_target_s])
@@ -585,15 +607,15 @@ def wait_svg(report: Report) -> str:
         fig = Figure(figsize=(9, 3.5), layout="constrained")
         ax = fig.add_subplot()
         for i, p in enumerate(report.policies):
-            s = p.timeline.wait_p95_by_hour
-            ys = [v / scale for v in s.values]
-            ax.plot(_days(s), ys, color=_color(i), lw=1.2, ds="steps-post", label=_plain(p.label))
+            xs, ys = _hourly_steps(p.timeline.wait_p95_by_hour, scale)
+            ax.plot(xs, ys, color=_color(i), lw=1.2, label=_plain(p.label))
         if report.wait_target_s > 0:
             target = f"wait target {_secs(report.wait_target_s)}"
             ax.axhline(report.wait_target_s / scale, color="0.3", lw=1, ls="--", label=target)
         ax.set_xlabel("submission time, days since window start")
         ax.set_ylabel(f"p95 queue wait ({unit})")
         ax.set_ylim(bottom=0)
+        ax.margins(x=0)
         ax.legend(loc="upper left", fontsize=8)
         return _svg(fig, "wait")
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoscaler.catalog import SpotAdvisor
 from autoscaler.clock import ManualClock
 from autoscaler.controller import Controller
 from autoscaler.errors import InputError
@@ -24,7 +25,7 @@ from autoscaler.model import Capacity
 from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.retry import RetryPolicy
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
-from autoscaler.sim.market import AvailabilityFile, PriceBook, SpotAdvisor
+from autoscaler.sim.market import AvailabilityFile, PriceBook
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.series import StepSeries

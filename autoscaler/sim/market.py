@@ -8,7 +8,6 @@
 * Availability: the run-length-encoded spot availability traces. A 1-node trace says whether a
   spot instance could be had at all (capacity unlimited or none); a multi-node trace caps the
   pool at the number of instances available.
-* Risk: AWS Spot Advisor buckets, turned into an hourly interruption rate.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.csvfile import read_rows
 from autoscaler.errors import InputError
-from autoscaler.sim.csvfile import read_rows
 from autoscaler.sim.series import StepSeries
 
 PRICE_COLUMNS = ("timestamp", "cloud", "region", "instance_type")
@@ -157,38 +156,3 @@ class AvailabilityFile:
         end = max(start + duration for start, duration, _, _ in runs) - offset_s
         series = StepSeries(times, values, period=(end - times[0]) if loop else None)
         return AvailabilityTrace(trace_id, runs[0][3], series)
-
-
-# Spot Advisor buckets are ranges of monthly interruption frequency; we take each range's middle
-# (and 25 % for the open ">20 %" bucket).
-_BUCKET_MONTHLY = {0: 0.025, 1: 0.075, 2: 0.125, 3: 0.175, 4: 0.25}
-_HOURS_PER_MONTH = 730.0
-
-
-def bucket_rate_per_hour(bucket: int) -> float:
-    monthly = _BUCKET_MONTHLY[bucket]
-    return -math.log(1.0 - monthly) / _HOURS_PER_MONTH
-
-
-class SpotAdvisor:
-    def __init__(self, path: Path, snapshot: str | None) -> None:
-        self.path = str(path)
-        self._buckets: dict[tuple[str, str], int] = {}
-        chosen: dict[tuple[str, str], tuple[str, int]] = {}
-        for row in read_rows(
-            path, ("snapshot_date", "region", "instance_type", "interruption_bucket")
-        ):
-            date = row.text("snapshot_date")
-            if snapshot is not None and date != snapshot:
-                continue
-            bucket = row.integer("interruption_bucket", minimum=0)
-            if bucket not in _BUCKET_MONTHLY:
-                raise row.error("interruption_bucket", f"expected 0 to 4, got {bucket}")
-            key = (row.text("region"), row.text("instance_type"))
-            if key not in chosen or chosen[key][0] < date:
-                chosen[key] = (date, bucket)
-        self._buckets = {k: v[1] for k, v in chosen.items()}
-
-    def rate_per_hour(self, region: str, instance_type: str) -> float | None:
-        bucket = self._buckets.get((region, instance_type))
-        return None if bucket is None else bucket_rate_per_hour(bucket)

@@ -23,10 +23,10 @@ from pydantic import (
 )
 
 from autoscaler.config import ControllerConfig
+from autoscaler.csvfile import parse_timestamp
 from autoscaler.errors import InputError
 from autoscaler.inputfile import read_yaml, validate_document
 from autoscaler.model import Frozen, Name
-from autoscaler.sim.csvfile import parse_timestamp
 
 
 class JobMatch(Frozen):

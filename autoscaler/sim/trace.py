@@ -12,8 +12,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.csvfile import Row, read_rows
 from autoscaler.errors import InputError
-from autoscaler.sim.csvfile import Row, read_rows
 from autoscaler.sim.scenario import CheckpointRule, JobMatch, TraceSpec
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")

@@ -1,0 +1,528 @@
+"""AWS: spot and on-demand GPU instances through boto3 (the ``aws`` extra), imported lazily.
+
+* Launch: ``CreateFleet`` of type ``instant`` across a pool's instance types and subnets or zones
+  (spot with ``price-capacity-optimized``, on-demand with ``lowest-price``), or ``RunInstances``
+  when a pool names one type in one place. Every instance carries the fleet, pool, request and
+  launch-time tags. A launch is idempotent: the request id is looked up by tag before launching
+  and passed as the client token, so a retry or a restart never buys a second set.
+* List and terminate by the fleet tag only: an instance without it is invisible to us.
+* Prices: live spot prices (latest per zone and type, cached for a TTL), on-demand list prices and
+  Spot Advisor interruption rates from the shipped catalog.
+* Errors: mapped onto the core's typed errors (``providers.aws_errors``); botocore's own retries
+  are off so that the controller's bounded retry policy is the only one.
+* Interruptions: an SQS watcher (``providers.aws_notices``) when ``interruption_queue_url`` is set.
+
+Credentials come from the standard boto3 chain (environment, profile, instance or pod role),
+never from the config file.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autoscaler.catalog import AWS_ADVISOR, AWS_CATALOG, InstanceCatalog, SpotAdvisor
+from autoscaler.clock import Clock, SystemClock
+from autoscaler.errors import CapacityError, InputError, ProviderError
+from autoscaler.model import Instance, InstanceState, InterruptionNotice, Pool, PriceQuote
+from autoscaler.provider import (
+    FLEET_TAG,
+    LAUNCHED_AT_TAG,
+    POOL_TAG,
+    REQUEST_TAG,
+    LaunchResult,
+)
+from providers.aws_errors import CAPACITY_CODES, error_code, typed
+from providers.aws_notices import NoticeWatcher
+
+LISTED_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
+STATES = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "shutting-down": InstanceState.TERMINATING,
+    "stopping": InstanceState.TERMINATING,
+    "stopped": InstanceState.TERMINATING,
+    "terminated": InstanceState.TERMINATED,
+}
+PRODUCT = "Linux/UNIX"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AwsSettings(_Strict):
+    """``providers.aws`` in the controller config."""
+
+    endpoint_url: str | None = Field(None, description="an EC2/SQS endpoint override (tests)")
+    regions: tuple[str, ...] = Field(
+        (), description="regions to list besides the pools' (to collect instances of pools removed)"
+    )
+    interruption_queue_url: str | None = None
+    queue_wait_s: int = Field(20, ge=0, le=20)
+    price_ttl_s: float = Field(300.0, ge=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(20.0, gt=0)
+    catalog: str | None = Field(None, description="instance type catalog CSV (default: shipped)")
+    advisor: str | None = Field(None, description="Spot Advisor bucket CSV (default: shipped)")
+
+
+class LaunchTemplate(_Strict):
+    name: str | None = None
+    id: str | None = None
+    version: str = "$Latest"
+
+    @model_validator(mode="after")
+    def _one_reference(self) -> LaunchTemplate:
+        if (self.name is None) == (self.id is None):
+            raise ValueError("give exactly one of name or id")
+        return self
+
+    def spec(self) -> dict[str, str]:
+        key = ("LaunchTemplateName", self.name) if self.name else ("LaunchTemplateId", self.id)
+        return {key[0]: str(key[1]), "Version": self.version}
+
+
+class AwsPoolOptions(_Strict):
+    """``options`` of an AWS pool."""
+
+    instance_types: tuple[str, ...] = Field(
+        (), description="more instance types besides the pool's, for CreateFleet to choose from"
+    )
+    subnets: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
+    launch_template: LaunchTemplate | None = None
+    image_id: str | None = None
+    security_group_ids: tuple[str, ...] = ()
+    max_spot_price: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _launchable(self) -> AwsPoolOptions:
+        if self.launch_template is None and self.image_id is None:
+            raise ValueError("give a launch_template or an image_id")
+        if self.subnets and self.zones:
+            raise ValueError("give subnets or zones, not both")
+        return self
+
+
+def _located(exc: ValidationError, field: str) -> InputError:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return InputError("config", str(first["msg"]), field=f"{field}.{loc}" if loc else field)
+
+
+class AwsProvider:
+    name = "aws"
+
+    def __init__(
+        self,
+        settings: AwsSettings,
+        pools: Sequence[Pool],
+        fleet_id: str,
+        clock: Clock | None = None,
+        session: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.fleet_id = fleet_id
+        self.clock = clock or SystemClock()
+        self.pools = {p.name: p for p in pools}
+        self.options: dict[str, AwsPoolOptions] = {}
+        for index, pool in enumerate(pools):
+            try:
+                self.options[pool.name] = AwsPoolOptions.model_validate(pool.options)
+            except ValidationError as exc:
+                raise _located(exc, f"pools[{index}].options") from None
+            options = self.options[pool.name]
+            if len(self._shapes(pool)) > 1 and options.launch_template is None:
+                raise InputError(
+                    "config",
+                    "a pool with several instance types or places needs a "
+                    "launch_template (CreateFleet requires one)",
+                    field=f"pools[{index}].options",
+                )
+        self.catalog = InstanceCatalog(Path(settings.catalog) if settings.catalog else AWS_CATALOG)
+        self.advisor = SpotAdvisor(Path(settings.advisor) if settings.advisor else AWS_ADVISOR)
+        self._session = session
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients_lock = threading.Lock()
+        self._spot: dict[str, tuple[float, dict[tuple[str, str], float]]] = {}
+        self._region_of: dict[str, str] = {}
+        self._pool_of: dict[str, str] = {}
+        self.watcher: NoticeWatcher | None = None
+        if settings.interruption_queue_url:
+            region = _queue_region(settings.interruption_queue_url) or self._regions()[0]
+            self.watcher = NoticeWatcher(
+                self.client("sqs", region),
+                settings.interruption_queue_url,
+                self.clock,
+                lambda instance: self._pool_of.get(instance, "unknown"),
+                wait_s=settings.queue_wait_s,
+            )
+
+    @classmethod
+    def from_config(
+        cls,
+        settings: Mapping[str, Any],
+        pools: Sequence[Pool],
+        fleet_id: str,
+        clock: Clock | None = None,
+    ) -> AwsProvider:
+        try:
+            parsed = AwsSettings.model_validate(dict(settings))
+        except ValidationError as exc:
+            raise _located(exc, "providers.aws") from None
+        return cls(parsed, pools, fleet_id, clock)
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def client(self, service: str, region: str) -> Any:
+        """The boto3 client for a service and region (made once; tests hook into it)."""
+        with self._clients_lock:
+            key = (service, region)
+            if key not in self._clients:
+                import boto3
+                from botocore.config import Config
+
+                if self._session is None:
+                    self._session = boto3.session.Session()
+                read_timeout = self.settings.read_timeout_s
+                if service == "sqs":
+                    # a long poll holds the request open for queue_wait_s by design
+                    read_timeout = max(read_timeout, self.settings.queue_wait_s + 10.0)
+                self._clients[key] = self._session.client(
+                    service,
+                    region_name=region,
+                    endpoint_url=self.settings.endpoint_url,
+                    config=Config(
+                        retries={"total_max_attempts": 1, "mode": "standard"},
+                        connect_timeout=self.settings.connect_timeout_s,
+                        read_timeout=read_timeout,
+                        user_agent_extra="hybrid-gpu-autoscaler",
+                    ),
+                )
+            return self._clients[key]
+
+    def _regions(self) -> list[str]:
+        return sorted({p.region for p in self.pools.values()} | set(self.settings.regions))
+
+    # -- listing -----------------------------------------------------------------------------
+
+    def list_instances(self, fleet_id: str) -> list[Instance]:
+        found: list[Instance] = []
+        for region in self._regions():
+            for raw in self._describe(
+                region, [{"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
+            ):
+                found.append(self._instance(raw, region))
+        return found
+
+    def _describe(self, region: str, filters: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        ec2 = self.client("ec2", region)
+        try:
+            pages = ec2.get_paginator("describe_instances").paginate(
+                Filters=[{"Name": f"tag:{FLEET_TAG}", "Values": [self.fleet_id]}, *filters],
+                PaginationConfig={"PageSize": 1000},
+            )
+            for page in pages:
+                for reservation in page.get("Reservations", []):
+                    yield from reservation.get("Instances", [])
+        except Exception as exc:
+            raise typed(exc) from None
+
+    def _instance(self, raw: Mapping[str, Any], region: str) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+        pool_name = tags.get(POOL_TAG, "unknown")
+        pool = self.pools.get(pool_name)
+        known = self.catalog.get(str(raw.get("InstanceType", "")))
+        gpus = pool.gpus_per_instance if pool else (known.gpus if known and known.gpus else 1)
+        launched_tag = tags.get(LAUNCHED_AT_TAG)
+        launch_time = raw.get("LaunchTime")
+        launched = (
+            float(launched_tag)
+            if launched_tag
+            else (launch_time.timestamp() if launch_time is not None else self.clock.now())
+        )
+        instance_id = str(raw["InstanceId"])
+        self._region_of[instance_id] = region
+        self._pool_of[instance_id] = pool_name
+        return Instance(
+            id=instance_id,
+            pool=pool_name,
+            state=STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.PENDING),
+            launched_at=launched,
+            request_id=tags.get(REQUEST_TAG, ""),
+            gpus=gpus,
+        )
+
+    # -- launching ---------------------------------------------------------------------------
+
+    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        existing = [
+            self._instance(raw, pool.region)
+            for raw in self._describe(
+                pool.region,
+                [
+                    {"Name": f"tag:{REQUEST_TAG}", "Values": [request_id]},
+                    {"Name": "instance-state-name", "Values": list(LISTED_STATES)},
+                ],
+            )
+        ]
+        if existing:
+            return LaunchResult(tuple(existing), already_existed=True)
+        now = self.clock.now()
+        tags = [
+            {"Key": FLEET_TAG, "Value": self.fleet_id},
+            {"Key": POOL_TAG, "Value": pool.name},
+            {"Key": REQUEST_TAG, "Value": request_id},
+            {"Key": LAUNCHED_AT_TAG, "Value": f"{now:.3f}"},
+        ]
+        try:
+            if len(self._shapes(pool)) == 1:
+                ids, shortfall = self._run_instances(pool, count, request_id, tags)
+            else:
+                ids, shortfall = self._create_fleet(pool, count, request_id, tags)
+        except Exception as exc:
+            raise typed(exc, pool.name) from None
+        instances = []
+        for instance_id in ids:
+            self._region_of[instance_id] = pool.region
+            self._pool_of[instance_id] = pool.name
+            instances.append(
+                Instance(
+                    id=instance_id,
+                    pool=pool.name,
+                    state=InstanceState.PENDING,
+                    launched_at=now,
+                    request_id=request_id,
+                    gpus=pool.gpus_per_instance,
+                )
+            )
+        if shortfall is None and len(instances) < count:
+            shortfall = CapacityError(
+                f"{pool.name}: {len(instances)} of {count} launched",
+                pool=pool.name,
+                code="UnfulfillableCapacity",
+            )
+        return LaunchResult(tuple(instances), shortfall)
+
+    def _shapes(self, pool: Pool) -> list[dict[str, str]]:
+        options = self.options[pool.name]
+        types = [
+            pool.instance_type,
+            *[t for t in options.instance_types if t != pool.instance_type],
+        ]
+        places: list[dict[str, str]] = (
+            [{"SubnetId": s} for s in options.subnets]
+            or [{"AvailabilityZone": z} for z in options.zones]
+            or ([{"AvailabilityZone": pool.zone}] if pool.zone else [{}])
+        )
+        return [{"InstanceType": t, **place} for t in types for place in places]
+
+    def _run_instances(
+        self, pool: Pool, count: int, request_id: str, tags: list[dict[str, str]]
+    ) -> tuple[list[str], ProviderError | None]:
+        options = self.options[pool.name]
+        (shape,) = self._shapes(pool)
+        request: dict[str, Any] = {
+            "MinCount": 1,
+            "MaxCount": count,
+            "InstanceType": shape["InstanceType"],
+            "ClientToken": request_id[:64],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        if options.launch_template is not None:
+            request["LaunchTemplate"] = options.launch_template.spec()
+        if options.image_id is not None:
+            request["ImageId"] = options.image_id
+        if "SubnetId" in shape:
+            request["SubnetId"] = shape["SubnetId"]
+        elif "AvailabilityZone" in shape:
+            request["Placement"] = {"AvailabilityZone": shape["AvailabilityZone"]}
+        if options.security_group_ids:
+            request["SecurityGroupIds"] = list(options.security_group_ids)
+        if pool.is_spot:
+            spot: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
+            if options.max_spot_price is not None:
+                spot["MaxPrice"] = f"{options.max_spot_price:.5f}"
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        response = self.client("ec2", pool.region).run_instances(**request)
+        return [i["InstanceId"] for i in response.get("Instances", [])], None
+
+    def _create_fleet(
+        self, pool: Pool, count: int, request_id: str, tags: list[dict[str, str]]
+    ) -> tuple[list[str], ProviderError | None]:
+        options = self.options[pool.name]
+        assert options.launch_template is not None
+        market = "spot" if pool.is_spot else "on-demand"
+        request: dict[str, Any] = {
+            "Type": "instant",
+            "ClientToken": request_id[:64],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": count,
+                "DefaultTargetCapacityType": market,
+            },
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": options.launch_template.spec(),
+                    "Overrides": self._shapes(pool),
+                }
+            ],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        if pool.is_spot:
+            spot: dict[str, Any] = {"AllocationStrategy": "price-capacity-optimized"}
+            if options.max_spot_price is not None:
+                spot["MaxTotalPrice"] = f"{options.max_spot_price * count:.5f}"
+            request["SpotOptions"] = spot
+        else:
+            request["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
+        response = self.client("ec2", pool.region).create_fleet(**request)
+        ids = [i for group in response.get("Instances", []) for i in group.get("InstanceIds", [])]
+        return ids, _fleet_shortfall(response.get("Errors", []), pool.name)
+
+    # -- terminating -------------------------------------------------------------------------
+
+    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
+        """Terminate only instances that carry our fleet tag, whatever ids we are given."""
+        by_region: dict[str, list[str]] = {}
+        for instance_id in instance_ids:
+            for region in (
+                [self._region_of[instance_id]]
+                if instance_id in self._region_of
+                else self._regions()
+            ):
+                by_region.setdefault(region, []).append(instance_id)
+        for region, ids in by_region.items():
+            owned = [
+                str(raw["InstanceId"])
+                for raw in self._describe(region, [{"Name": "instance-id", "Values": ids}])
+            ]
+            if not owned:
+                continue
+            try:
+                self.client("ec2", region).terminate_instances(InstanceIds=owned)
+            except Exception as exc:
+                raise typed(exc) from None
+
+    # -- prices ------------------------------------------------------------------------------
+
+    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]:
+        now = self.clock.now()
+        quotes = []
+        for pool in pools:
+            on_demand = self._on_demand(pool)
+            if pool.is_spot:
+                price = self._spot_price(pool, now)
+                rate = self.advisor.rate_per_hour(pool.region, pool.instance_type)
+                source = "describe-spot-price-history"
+            else:
+                price, rate, source = on_demand, None, "catalog"
+            if price is None:
+                continue
+            quotes.append(
+                PriceQuote(
+                    pool=pool.name,
+                    price_per_hour=price,
+                    on_demand_price_per_hour=on_demand,
+                    interruption_rate_per_hour=rate,
+                    as_of=now,
+                    source=source,
+                )
+            )
+        return quotes
+
+    def _on_demand(self, pool: Pool) -> float | None:
+        known = self.catalog.get(pool.instance_type)
+        return known.on_demand_price_per_hour if known else None
+
+    def _spot_price(self, pool: Pool, now: float) -> float | None:
+        """The cheapest current spot price among the pool's shapes, scaled to the pool's GPUs."""
+        table = self._spot_table(pool.region, now)
+        zones = set(self.options[pool.name].zones) or ({pool.zone} if pool.zone else set())
+        best: float | None = None
+        for shape in self._shapes(pool):
+            kind = shape["InstanceType"]
+            known = self.catalog.get(kind)
+            scale = pool.gpus_per_instance / known.gpus if known and known.gpus else 1.0
+            for (zone, instance_type), price in table.items():
+                if instance_type == kind and (not zones or zone in zones):
+                    value = price * scale
+                    best = value if best is None else min(best, value)
+        return best
+
+    def _spot_table(self, region: str, now: float) -> dict[tuple[str, str], float]:
+        cached = self._spot.get(region)
+        if cached is not None and now - cached[0] < self.settings.price_ttl_s:
+            return cached[1]
+        types = sorted(
+            {
+                s["InstanceType"]
+                for p in self.pools.values()
+                if p.region == region and p.is_spot
+                for s in self._shapes(p)
+            }
+        )
+        table: dict[tuple[str, str], tuple[float, float]] = {}
+        if types:
+            try:
+                pages = (
+                    self.client("ec2", region)
+                    .get_paginator("describe_spot_price_history")
+                    .paginate(InstanceTypes=types, ProductDescriptions=[PRODUCT])
+                )
+                for page in pages:
+                    for item in page.get("SpotPriceHistory", []):
+                        key = (item["AvailabilityZone"], item["InstanceType"])
+                        stamp = item["Timestamp"].timestamp()
+                        if key not in table or table[key][0] < stamp:
+                            table[key] = (stamp, float(item["SpotPrice"]))
+            except Exception as exc:
+                raise typed(exc) from None
+        latest = {key: value for key, (_, value) in table.items()}
+        self._spot[region] = (now, latest)
+        return latest
+
+    # -- notices -----------------------------------------------------------------------------
+
+    def start(self, wakeup: Callable[[], None] | None = None) -> None:
+        """Start the interruption watcher; ``wakeup`` is called when a notice arrives."""
+        if self.watcher is not None:
+            self.watcher.start(wakeup)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def poll_notices(self) -> list[InterruptionNotice]:
+        if self.watcher is None:
+            return []
+        self.watcher.start()
+        return self.watcher.take()
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        if self.watcher is not None:
+            self.watcher.acknowledge(notices)
+
+
+def _fleet_shortfall(errors: Sequence[Mapping[str, Any]], pool: str) -> ProviderError | None:
+    """CreateFleet reports what it could not launch per override; a capacity code among them
+    is the one that tells act what to do, so it wins."""
+    if not errors:
+        return None
+    codes = [str(e.get("ErrorCode", "")) for e in errors]
+    chosen = next((i for i, c in enumerate(codes) if c in CAPACITY_CODES), 0)
+    return error_code(codes[chosen], 400, str(errors[chosen].get("ErrorMessage", "")), pool)
+
+
+def _queue_region(url: str) -> str | None:
+    """The region in an SQS queue URL such as https://sqs.us-east-1.amazonaws.com/123/q."""
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    parts = host.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "sqs" else None

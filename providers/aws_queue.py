@@ -1,0 +1,91 @@
+"""SQS as a queue source: every message waiting or being worked on is a job of
+``gpus_per_message`` GPUs (KEDA's SQS scaler counts the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from autoscaler.clock import Clock, SystemClock
+from autoscaler.errors import InputError
+from autoscaler.model import DemandGroup
+from providers.aws_errors import typed
+
+
+class SqsSourceSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue_url: str
+    region: str
+    endpoint_url: str | None = None
+    gpus_per_message: PositiveInt = 1
+    include_in_flight: bool = Field(
+        True, description="count messages being worked on too (they hold their GPUs)"
+    )
+    checkpoint_interval_s: float | None = Field(
+        None, gt=0, description="how often the work behind a message checkpoints; unset: never"
+    )
+    high_priority: bool = False
+
+
+class SqsQueueSource:
+    def __init__(
+        self, settings: SqsSourceSettings, name: str, clock: Clock | None = None, client: Any = None
+    ) -> None:
+        self.settings = settings
+        self.name = name
+        self.clock = clock or SystemClock()
+        self._client = client
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], name: str) -> SqsQueueSource:
+        try:
+            parsed = SqsSourceSettings.model_validate(dict(settings))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise InputError("config", str(first["msg"]), field=f"sources.{name}.{loc}") from None
+        return cls(parsed, name)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.session.Session().client(
+                "sqs",
+                region_name=self.settings.region,
+                endpoint_url=self.settings.endpoint_url,
+                config=Config(
+                    retries={"total_max_attempts": 2, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=10,
+                ),
+            )
+        return self._client
+
+    def read(self, now: float) -> Sequence[DemandGroup]:
+        names = ["ApproximateNumberOfMessages"]
+        if self.settings.include_in_flight:
+            names.append("ApproximateNumberOfMessagesNotVisible")
+        try:
+            attributes = self.client.get_queue_attributes(
+                QueueUrl=self.settings.queue_url, AttributeNames=names
+            )["Attributes"]
+        except Exception as exc:
+            raise typed(exc) from None
+        jobs = sum(int(attributes.get(name, 0)) for name in names)
+        if jobs == 0:
+            return []
+        return [
+            DemandGroup(
+                gpus_per_job=self.settings.gpus_per_message,
+                jobs=jobs,
+                checkpoint_interval_s=self.settings.checkpoint_interval_s,
+                high_priority=self.settings.high_priority,
+                oldest_submit_time=now,
+            )
+        ]
