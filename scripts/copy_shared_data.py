@@ -80,6 +80,11 @@ def main(shared: Path, data: Path) -> None:
         data / "interruptions/aws_spot_advisor_gpu_interruption_buckets.csv",
         lambda r: True,
     )
+    counts["catalog/aws_gpu_instance_types.csv"] = copy_filtered(
+        shared / "catalog/aws_gpu_instance_types.csv",
+        data / "catalog/aws_gpu_instance_types.csv",
+        lambda r: True,
+    )
     counts["catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv"] = copy_filtered(
         shared / "catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv",
         data / "catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv",
