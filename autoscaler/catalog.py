@@ -80,3 +80,65 @@ class InstanceCatalog:
 
     def get(self, name: str) -> InstanceType | None:
         return self._types.get(name)
+
+
+SKYPILOT_COLUMNS = (
+    "InstanceType",
+    "AcceleratorName",
+    "AcceleratorCount",
+    "vCPUs",
+    "MemoryGiB",
+    "Price",
+    "SpotPrice",
+    "Region",
+    "AvailabilityZone",
+)
+
+
+@dataclass(frozen=True)
+class CatalogPrice:
+    on_demand: float | None
+    spot: float | None
+
+
+class SkyPilotCatalog:
+    """A SkyPilot-format catalog CSV (``InstanceType, AcceleratorName, AcceleratorCount, vCPUs,
+    MemoryGiB, Price, SpotPrice, Region, AvailabilityZone``), so users can bring the catalogs they
+    already keep, for any cloud. A zone's row wins over the region's; a region's price is its
+    cheapest zone's when only zonal rows exist."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._rows: dict[tuple[str, str], list[tuple[str, CatalogPrice]]] = {}
+        self._gpus: dict[str, tuple[int, str | None]] = {}
+        for row in read_rows(path, SKYPILOT_COLUMNS):
+            name = row.text("InstanceType")
+            price = CatalogPrice(
+                on_demand=row.optional_number("Price", minimum=0),
+                spot=row.optional_number("SpotPrice", minimum=0),
+            )
+            key = (name, row.text("Region"))
+            self._rows.setdefault(key, []).append((row.text("AvailabilityZone"), price))
+            count = row.optional_number("AcceleratorCount", minimum=0)
+            if count is not None:
+                self._gpus[name] = (int(count), row.text("AcceleratorName") or None)
+
+    def price(
+        self, instance_type: str, region: str, zone: str | None = None
+    ) -> CatalogPrice | None:
+        rows = self._rows.get((instance_type, region))
+        if not rows:
+            return None
+        if zone:
+            for row_zone, price in rows:
+                if row_zone == zone:
+                    return price
+        regional = [price for row_zone, price in rows if not row_zone]
+        if regional:
+            return regional[0]
+        spots = [p.spot for _, p in rows if p.spot is not None]
+        demands = [p.on_demand for _, p in rows if p.on_demand is not None]
+        return CatalogPrice(min(demands) if demands else None, min(spots) if spots else None)
+
+    def gpus(self, instance_type: str) -> tuple[int, str | None] | None:
+        return self._gpus.get(instance_type)

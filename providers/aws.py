@@ -25,7 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from autoscaler.catalog import AWS_ADVISOR, AWS_CATALOG, InstanceCatalog, SpotAdvisor
+from autoscaler.catalog import (
+    AWS_ADVISOR,
+    AWS_CATALOG,
+    InstanceCatalog,
+    SkyPilotCatalog,
+    SpotAdvisor,
+)
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.errors import CapacityError, InputError, ProviderError
 from autoscaler.model import Instance, InstanceState, InterruptionNotice, Pool, PriceQuote
@@ -68,6 +74,9 @@ class AwsSettings(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(20.0, gt=0)
     catalog: str | None = Field(None, description="instance type catalog CSV (default: shipped)")
+    price_catalog: str | None = Field(
+        None, description="a SkyPilot-format catalog CSV to price pools from instead of the API"
+    )
     advisor: str | None = Field(None, description="Spot Advisor bucket CSV (default: shipped)")
 
 
@@ -146,6 +155,9 @@ class AwsProvider:
                 )
         self.catalog = InstanceCatalog(Path(settings.catalog) if settings.catalog else AWS_CATALOG)
         self.advisor = SpotAdvisor(Path(settings.advisor) if settings.advisor else AWS_ADVISOR)
+        self.price_catalog = (
+            SkyPilotCatalog(Path(settings.price_catalog)) if settings.price_catalog else None
+        )
         self._session = session
         self._clients: dict[tuple[str, str], Any] = {}
         self._clients_lock = threading.Lock()
@@ -415,6 +427,8 @@ class AwsProvider:
 
     def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]:
         now = self.clock.now()
+        if self.price_catalog is not None:
+            return self._catalog_prices(pools, self.price_catalog, now)
         quotes = []
         for pool in pools:
             on_demand = self._on_demand(pool)
@@ -434,6 +448,33 @@ class AwsProvider:
                     interruption_rate_per_hour=rate,
                     as_of=now,
                     source=source,
+                )
+            )
+        return quotes
+
+    def _catalog_prices(
+        self, pools: Sequence[Pool], catalog: SkyPilotCatalog, now: float
+    ) -> list[PriceQuote]:
+        quotes = []
+        for pool in pools:
+            listed = catalog.price(pool.instance_type, pool.region, pool.zone)
+            if listed is None:
+                continue
+            price = listed.spot if pool.is_spot else listed.on_demand
+            if price is None:
+                continue
+            quotes.append(
+                PriceQuote(
+                    pool=pool.name,
+                    price_per_hour=price,
+                    on_demand_price_per_hour=listed.on_demand,
+                    interruption_rate_per_hour=self.advisor.rate_per_hour(
+                        pool.region, pool.instance_type
+                    )
+                    if pool.is_spot
+                    else None,
+                    as_of=now,
+                    source=catalog.path,
                 )
             )
         return quotes

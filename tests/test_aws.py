@@ -400,3 +400,31 @@ def test_a_warning_wakes_the_run_loop_at_once(aws: str) -> None:
         assert [n.instance_id for n in aws_provider.poll_notices()] == [victim.id]
     finally:
         aws_provider.close()
+
+
+def test_prices_from_a_skypilot_catalog(aws: str, tmp_path: Path) -> None:
+    catalog = tmp_path / "aws.csv"
+    catalog.write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,"
+        "AvailabilityZone\n"
+        "g5.xlarge,A10G,1,4,16,1.006,0.41,us-east-1,us-east-1a\n"
+        "g5.xlarge,A10G,1,4,16,1.006,0.37,us-east-1,us-east-1b\n"
+    )
+    spot = fleet_pool()
+    zonal = Pool(
+        name="g5-b",
+        provider="aws",
+        region=REGION,
+        zone="us-east-1b",
+        instance_type="g5.xlarge",
+        gpus_per_instance=1,
+        market="spot",  # type: ignore[arg-type]
+        options={"image_id": "ami-1"},
+    )
+    on_demand = fleet_pool("g5-od", market="on-demand")
+    aws_provider = provider(aws, [spot, zonal, on_demand], price_catalog=str(catalog))
+    quotes = {q.pool: q for q in aws_provider.prices([spot, zonal, on_demand])}
+    assert quotes["g5-spot"].price_per_hour == 0.37, "a region's price is its cheapest zone's"
+    assert quotes["g5-b"].price_per_hour == 0.37
+    assert quotes["g5-od"].price_per_hour == 1.006
+    assert quotes["g5-spot"].source == str(catalog)
