@@ -3,8 +3,11 @@ failing policy, source or cloud degrades a tick instead of killing the controlle
 
 from __future__ import annotations
 
-from fakes import job, pool, rig
+from fakes import FakeCloud, FakeQueue, job, pool, rig
 
+from autoscaler.clock import ManualClock
+from autoscaler.config import ControllerConfig
+from autoscaler.controller import Controller
 from autoscaler.errors import AuthError, CapacityError, QuotaError, QuotaScope, ThrottledError
 from autoscaler.model import (
     FleetView,
@@ -15,6 +18,7 @@ from autoscaler.model import (
     OnPremNode,
     Plan,
 )
+from autoscaler.retry import RetryPolicy
 from autoscaler.sources import NodeUsage
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
@@ -293,3 +297,34 @@ def test_a_rebalance_recommendation_is_noted_but_does_not_drain() -> None:
     assert [a.kind for a in report.actions if a.kind == "notice"] == ["notice"]
     assert not t.scheduler.drained
     assert t.controller.table.get(instance).state is InstanceState.RUNNING  # type: ignore[union-attr]
+
+
+def test_capacity_failure_in_one_cloud_fails_over_to_the_next_cheapest_cloud_in_the_tick() -> None:
+
+    clock = ManualClock(0.0)
+    clouds = {
+        "aws": FakeCloud("aws", price_table={"aws-spot": 1.0}, now=clock.now),
+        "gcp": FakeCloud("gcp", price_table={"gcp-spot": 1.2}, now=clock.now),
+        "azure": FakeCloud("azure", price_table={"azure-spot": 1.4}, now=clock.now),
+    }
+    pools = (
+        pool("aws-spot", provider="aws"),
+        pool("gcp-spot", provider="gcp"),
+        pool("azure-spot", provider="azure"),
+    )
+    clouds["aws"].faults = [CapacityError("ICE", pool="aws-spot")]
+    queue = FakeQueue(jobs=[job(f"j{i}") for i in range(2)])
+    controller = Controller(
+        ControllerConfig(fleet_id="multi", pools=pools),
+        CostAwarePolicy(),
+        clouds,
+        clock,
+        [queue],
+        retry=RetryPolicy(attempts=1),
+    )
+    report = controller.tick()
+    assert [(a.pool, a.outcome, a.done) for a in report.actions if a.kind == "launch"] == [
+        ("aws-spot", "capacity", 0),
+        ("gcp-spot", "ok", 2),
+    ]
+    assert len(clouds["gcp"].instances) == 2 and not clouds["azure"].instances
