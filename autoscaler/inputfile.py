@@ -171,3 +171,20 @@ def located_error(
         else ""
     )
     return InputError(document.where(loc), _describe(first, model) + more, _dotted(loc))
+
+
+def validate_settings(
+    model: type[ModelT], data: Any, *, field: str, where: str = "config"
+) -> ModelT:
+    """Validate a block inside an already-read file (provider settings, pool options, policy
+    params, a changed scenario): one ``InputError`` naming the dotted field of the first problem."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = _dotted(tuple(first["loc"])) if first["loc"] else ""
+        if loc.startswith("["):
+            name = f"{field}{loc}"
+        else:
+            name = f"{field}.{loc}" if loc and field else (loc or field)
+        raise InputError(where, _describe(first, model), field=name) from None

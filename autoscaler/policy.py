@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from autoscaler.errors import InputError, describe
+from autoscaler.inputfile import validate_settings
 from autoscaler.model import FleetView, Plan
 
 POLICY_GROUP = "gpu_autoscaler.policies"
@@ -99,16 +100,7 @@ def build_policy(
     field_prefix: str = "policy.params",
 ) -> Policy:
     """Validate params against the policy's own model and build it."""
-    try:
-        validated = cls.Params.model_validate(dict(params))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        given = first.get("input")
-        shown = f" (got {given!r})" if isinstance(given, (str, int, float, bool)) else ""
-        raise InputError(
-            where, f"{first['msg']}{shown}", field=f"{field_prefix}.{loc}" if loc else field_prefix
-        ) from None
+    validated = validate_settings(cls.Params, dict(params), field=field_prefix, where=where)
     return cls(validated)
 
 

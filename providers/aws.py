@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoscaler.catalog import (
     AWS_ADVISOR,
@@ -34,6 +34,7 @@ from autoscaler.catalog import (
 )
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.errors import CapacityError, InputError, ProviderError
+from autoscaler.inputfile import validate_settings
 from autoscaler.model import Instance, InstanceState, InterruptionNotice, Pool, PriceQuote
 from autoscaler.provider import (
     FLEET_TAG,
@@ -118,12 +119,6 @@ class AwsPoolOptions(_Strict):
         return self
 
 
-def _located(exc: ValidationError, field: str) -> InputError:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return InputError("config", str(first["msg"]), field=f"{field}.{loc}" if loc else field)
-
-
 class AwsProvider:
     name = "aws"
 
@@ -141,10 +136,9 @@ class AwsProvider:
         self.pools = {p.name: p for p in pools}
         self.options: dict[str, AwsPoolOptions] = {}
         for index, pool in enumerate(pools):
-            try:
-                self.options[pool.name] = AwsPoolOptions.model_validate(pool.options)
-            except ValidationError as exc:
-                raise _located(exc, f"pools[{index}].options") from None
+            self.options[pool.name] = validate_settings(
+                AwsPoolOptions, pool.options, field=f"pools[{index}].options"
+            )
             options = self.options[pool.name]
             if len(self._shapes(pool)) > 1 and options.launch_template is None:
                 raise InputError(
@@ -183,10 +177,7 @@ class AwsProvider:
         fleet_id: str,
         clock: Clock | None = None,
     ) -> AwsProvider:
-        try:
-            parsed = AwsSettings.model_validate(dict(settings))
-        except ValidationError as exc:
-            raise _located(exc, "providers.aws") from None
+        parsed = validate_settings(AwsSettings, dict(settings), field="providers.aws")
         return cls(parsed, pools, fleet_id, clock)
 
     # -- clients -----------------------------------------------------------------------------

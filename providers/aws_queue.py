@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import InputError
+from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
 from providers.aws_errors import typed
 
@@ -41,12 +41,7 @@ class SqsQueueSource:
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> SqsQueueSource:
-        try:
-            parsed = SqsSourceSettings.model_validate(dict(settings))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise InputError("config", str(first["msg"]), field=f"sources.{name}.{loc}") from None
+        parsed = validate_settings(SqsSourceSettings, dict(settings), field=f"sources.{name}")
         return cls(parsed, name)
 
     @property

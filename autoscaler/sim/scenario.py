@@ -17,7 +17,6 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -25,7 +24,7 @@ from pydantic import (
 from autoscaler.config import ControllerConfig
 from autoscaler.csvfile import parse_timestamp
 from autoscaler.errors import InputError
-from autoscaler.inputfile import read_yaml, validate_document
+from autoscaler.inputfile import read_yaml, validate_document, validate_settings
 from autoscaler.model import Frozen, Name
 
 
@@ -210,12 +209,7 @@ class LoadedScenario:
         data = self.scenario.model_dump()
         for key, value in changes.items():
             data[key] = value.model_dump() if isinstance(value, BaseModel) else value
-        try:
-            scenario = Scenario.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            raise InputError(self.source, str(first["msg"]), field=field) from None
+        scenario = validate_settings(Scenario, data, field="", where=self.source)
         return LoadedScenario(scenario, self.base, self.source)
 
     def path(self, relative: str) -> Path:
