@@ -87,7 +87,9 @@ def main(shared: Path, data: Path) -> None:
     )
     counts["catalog/azure_gpu_vm_sizes.csv"] = copy_filtered(
         shared / "catalog/azure_gpu_vm_sizes.csv",
-        data / "catalog/azure_gpu_vm_sizes.csv", lambda r: True)
+        data / "catalog/azure_gpu_vm_sizes.csv",
+        lambda r: True,
+    )
     counts["catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv"] = copy_filtered(
         shared / "catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv",
         data / "catalog/alibaba_spot_gpu_cluster_nodes_v2026.csv",

@@ -5,4 +5,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest_plugins = ["aws_support"]
+pytest_plugins = ["aws_support", "gcp_emulator", "azure_emulator"]

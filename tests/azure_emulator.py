@@ -1,0 +1,827 @@
+"""A small Azure Resource Manager emulator for the Azure tests, and the Azure contract world.
+
+It speaks the wire shapes azure-mgmt-compute really sends and parses, over plain HTTP on
+127.0.0.1, so the provider under test runs the real SDK, its pipeline and its long-running
+operation pollers end to end:
+
+* ``PUT  /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{vm}``
+  → 201 with the VM (``provisioningState: Creating``) and an ``Azure-AsyncOperation`` header;
+  the operation reads ``InProgress`` for as many polls as the emulator is told, then
+  ``Succeeded`` (the poller then GETs the VM) or ``Failed`` with ``error: {code, message}``.
+  A PUT of an existing name is an update (200), never a second VM.
+* ``GET`` and ``DELETE`` of one VM (``DELETE`` → 202 with ``Azure-AsyncOperation`` and
+  ``Location``; 204 when there is nothing to delete), ``GET .../{vm}/instanceView``.
+* ``GET .../virtualMachines`` in pages of ``page_size`` joined by ``nextLink``.
+* ``GET /subscriptions/{s}/providers/Microsoft.Compute/locations/{l}/operations/{id}`` (the
+  async-operation status; with ``monitor=true`` it answers as the ``Location`` URL does).
+* ``GET /api/retail/prices?$filter=...`` (the public Azure Retail Prices API: ``Items`` and
+  ``NextPageLink``), with ``eq``/``and`` filters applied as the real API applies them.
+
+Errors are ARM's: ``{"error": {"code", "message"}}`` with the real codes and statuses. ARM calls
+need a bearer token (401 without one). Faults are planned per operation (``fail_next``), per
+listing page (``fail_page``), or random (``chaos``); capacity can be rationed per launch request
+(``grant_at_most``) and creates can be made slow.
+
+Prices: on-demand Linux prices are the shipped Azure catalog's (eastus, as of 2026-06-18, from
+``azure_gpu_vm_sizes.csv`` in the shared data, which has NO spot prices). The spot, low-priority
+and Windows meters served here are CONSTRUCTED for the tests from those on-demand prices (spot at
+a fixed fraction), so that meter selection can be tested; they are not Azure's prices.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, quote, urlsplit
+
+import pytest
+from contract_support import FAULT_KINDS, FLEET, Operation
+
+from autoscaler.clock import Clock
+from autoscaler.model import Pool
+from autoscaler.provider import REQUEST_TAG, Provider
+from providers.azure import TAG_KEYS, AzureProvider, core_tags
+
+SUBSCRIPTION = "8a5d3c1e-0000-4000-8000-00000000a2e0"
+RESOURCE_GROUP = "gpu-fleet"
+REGION = "eastus"
+SUBNET = (
+    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network/"
+    "virtualNetworks/gpu/subnets/nodes"
+)
+POOL_OPTIONS: dict[str, Any] = {
+    "image": "Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest",
+    "subnet_id": SUBNET,
+    "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEmulatorKey test@emulator",
+}
+# (size, family, vCPUs, GPUs, eastus on-demand Linux $/h) from azure_gpu_vm_sizes.csv
+SIZES: tuple[tuple[str, str, int, int, float], ...] = (
+    ("Standard_NC4as_T4_v3", "NCasT4_v3", 4, 1, 0.526),
+    ("Standard_NC8as_T4_v3", "NCasT4_v3", 8, 1, 0.752),
+    ("Standard_NC64as_T4_v3", "NCasT4_v3", 64, 4, 4.352),
+    ("Standard_NC6s_v3", "NCSv3", 6, 1, 3.06),
+    ("Standard_NC12s_v3", "NCSv3", 12, 2, 6.12),
+    ("Standard_NC24ads_A100_v4", "NCADS_A100_v4", 24, 1, 3.673),
+    ("Standard_ND96asr_v4", "NDASv4_A100", 96, 8, 27.197),
+)
+SIZE_FOR_GPUS = {1: "Standard_NC4as_T4_v3", 2: "Standard_NC12s_v3", 4: "Standard_NC64as_T4_v3"}
+SPOT_FRACTION = 0.2  # constructed: the shipped data has no Azure spot prices
+LOW_PRIORITY_FRACTION = 0.18  # a distractor meter the provider must ignore
+WINDOWS_PER_VCPU = 0.046  # Windows meters cost more; another distractor
+
+COMPUTE = r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute"
+VM_PATH = re.compile(COMPUTE + r"/virtualMachines/(?P<name>[^/]+)$", re.I)
+VIEW_PATH = re.compile(COMPUTE + r"/virtualMachines/(?P<name>[^/]+)/instanceView$", re.I)
+LIST_PATH = re.compile(COMPUTE + r"/virtualMachines/?$", re.I)
+OPERATION_PATH = re.compile(
+    r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)"
+    r"/operations/(?P<op>[^/]+)$",
+    re.I,
+)
+PRICES_PATH = "/api/retail/prices"
+FILTER_TERM = re.compile(r"^\s*(\w+)\s+eq\s+'([^']*)'\s*$", re.I)
+
+# fault → (HTTP status, ARM code, message) as Azure answers a synchronous failure
+SYNC_FAULTS: dict[str, tuple[int, str, str]] = {
+    "sku": (
+        409,
+        "SkuNotAvailable",
+        "The requested VM size for resource 'Following SKUs have failed for Capacity "
+        "Restrictions: Standard_NC4as_T4_v3' is currently not available in location 'eastus'. "
+        "Please try another size or deploy to a different location or different zone.",
+    ),
+    "quota": (
+        409,
+        "OperationNotAllowed",
+        "Operation could not be completed as it results in exceeding approved LowPriorityCores "
+        "quota. Additional details - Deployment Model: Resource Manager, Location: eastus, "
+        "Current Limit: 8, Current Usage: 8, Additional Required: 4, (Minimum) New Limit "
+        "Required: 12.",
+    ),
+    "throttle": (
+        429,
+        "TooManyRequests",
+        "The request is being throttled as the limit has been reached for this operation type. "
+        "For more information, see - https://aka.ms/throttling",
+    ),
+    "server": (500, "InternalExecutionError", "An internal execution error occurred."),
+    "auth": (
+        401,
+        "ExpiredAuthenticationToken",
+        "The access token expiry UTC time is earlier than current UTC time.",
+    ),
+    "forbidden": (
+        403,
+        "AuthorizationFailed",
+        "The client does not have authorization to perform action "
+        "'Microsoft.Compute/virtualMachines/write'.",
+    ),
+    "bad": (400, "InvalidParameter", "The value of parameter imageReference.sku is invalid."),
+}
+# fault → (ARM code, message) of a create that is accepted and then fails
+ASYNC_FAULTS: dict[str, tuple[str, str]] = {
+    "capacity": (
+        "AllocationFailed",
+        "Allocation failed. We do not have sufficient capacity for the requested VM size in "
+        "this region. Read more about improving likelihood of allocation success at "
+        "http://aka.ms/allocation-guidance",
+    ),
+    "zonal": (
+        "ZonalAllocationFailed",
+        "Allocation failed. We do not have sufficient capacity for the requested VM size in "
+        "this zone.",
+    ),
+    "internal": ("InternalExecutionError", "An internal execution error occurred."),
+}
+RETRY_AFTER_S = 17
+CHAOS_FAULTS: dict[str, tuple[str, ...]] = {
+    "launch": ("capacity", "quota", "throttle", "server", "auth", "sku", "timeout"),
+    "list": ("throttle", "server", "auth", "timeout"),
+    "terminate": ("throttle", "server", "auth", "timeout"),
+}
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f0+00:00")
+
+
+@dataclass
+class Vm:
+    name: str
+    resource_group: str
+    body: dict[str, Any]
+    state: str = "Creating"
+    vm_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    created: str = field(default_factory=_now_iso)
+    error: tuple[str, str] | None = None
+
+    def resource(self, subscription: str) -> dict[str, Any]:
+        properties = dict(self.body.get("properties", {}))
+        properties.update(
+            {"vmId": self.vm_id, "provisioningState": self.state, "timeCreated": self.created}
+        )
+        resource: dict[str, Any] = {
+            "id": f"/subscriptions/{subscription}/resourceGroups/{self.resource_group}"
+            f"/providers/Microsoft.Compute/virtualMachines/{self.name}",
+            "name": self.name,
+            "type": "Microsoft.Compute/virtualMachines",
+            "location": self.body.get("location", REGION),
+            "tags": dict(self.body.get("tags") or {}),
+            "properties": properties,
+        }
+        if self.body.get("zones"):
+            resource["zones"] = list(self.body["zones"])
+        return resource
+
+    def instance_view(self) -> dict[str, Any]:
+        when = {"time": self.created}
+        statuses: list[dict[str, Any]]
+        if self.state == "Failed" and self.error is not None:
+            statuses = [
+                {
+                    "code": f"ProvisioningState/failed/{self.error[0]}",
+                    "level": "Error",
+                    "displayStatus": "Provisioning failed",
+                    "message": self.error[1],
+                    **when,
+                }
+            ]
+        else:
+            statuses = [
+                {
+                    "code": f"ProvisioningState/{self.state.lower()}",
+                    "level": "Info",
+                    "displayStatus": f"Provisioning {self.state.lower()}",
+                    **when,
+                }
+            ]
+        if self.state in ("Succeeded", "Updating", "Failed") and self.error is None:
+            statuses.append(
+                {"code": "PowerState/running", "level": "Info", "displayStatus": "VM running"}
+            )
+        return {"computerName": self.name, "statuses": statuses}
+
+
+@dataclass
+class AsyncOperation:
+    id: str
+    kind: str  # "create" or "delete"
+    key: tuple[str, str]
+    polls_left: int
+    error: tuple[str, str] | None = None
+    done: bool = False
+    started: str = field(default_factory=_now_iso)
+
+
+class ArmEmulator:
+    """ARM state and its HTTP front. Every public method is safe to call from a test while the
+    provider's poller threads are talking to the server."""
+
+    def __init__(self, page_size: int = 3, price_page_size: int = 4) -> None:
+        self.page_size = page_size
+        self.price_page_size = price_page_size
+        self.lock = threading.RLock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.reset()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.vms: dict[tuple[str, str], Vm] = {}
+            self.operations: dict[str, AsyncOperation] = {}
+            self.planned: dict[str, list[str]] = {"launch": [], "list": [], "terminate": []}
+            self.page_faults: dict[int, str] = {}
+            self.granted: int | None = None
+            self.granted_by_request: dict[str, int] = {}
+            self.create_polls = 0
+            self.hold_deletes = False
+            self.chance = 0.0
+            self.rng = random.Random(0)
+            self.price_faults: list[str] = []
+            self.requests: list[tuple[str, str]] = []
+            self.injected: list[tuple[str, str]] = []
+            self.hidden: set[str] = set()  # names listings do not show yet (ARM's read lag)
+            self.tokens: set[str] = set()
+            self.prices = price_items()
+
+    # -- steering, for tests ----------------------------------------------------------------
+
+    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
+        with self.lock:
+            self.planned[operation].extend([fault] * times)
+
+    def fail_page(self, page: int, fault: str) -> None:
+        """The next listing fails when it asks for page ``page`` (0 is the first)."""
+        with self.lock:
+            self.page_faults[page] = fault
+
+    def grant_at_most(self, count: int | None) -> None:
+        with self.lock:
+            self.granted = count
+
+    def slow_creates(self, polls: int) -> None:
+        """New creates read InProgress for this many status polls before they finish."""
+        with self.lock:
+            self.create_polls = polls
+
+    def chaos(self, chance: float, seed: int) -> None:
+        with self.lock:
+            self.chance = chance
+            self.rng = random.Random(seed)
+
+    def add_vm(
+        self,
+        name: str,
+        tags: dict[str, str] | None = None,
+        state: str = "Succeeded",
+        priority: str = "Regular",
+    ) -> None:
+        """A VM put there by someone else (or by a test), already provisioned."""
+        body = {
+            "location": REGION,
+            "tags": tags or {},
+            "properties": {
+                "hardwareProfile": {"vmSize": "Standard_NC4as_T4_v3"},
+                "priority": priority,
+            },
+        }
+        with self.lock:
+            self.vms[(RESOURCE_GROUP.lower(), name.lower())] = Vm(name, RESOURCE_GROUP, body, state)
+
+    def evict(self, name: str, linger: bool = True) -> None:
+        """Azure takes a Spot VM back (eviction policy Delete): it reads Deleting for a while
+        (``linger``) or is gone at once."""
+        with self.lock:
+            key = (RESOURCE_GROUP.lower(), name.lower())
+            if linger:
+                self.vms[key].state = "Deleting"
+            else:
+                del self.vms[key]
+
+    def finish_deletes(self) -> None:
+        with self.lock:
+            for key in [k for k, vm in self.vms.items() if vm.state == "Deleting"]:
+                del self.vms[key]
+
+    def vm(self, name: str) -> Vm | None:
+        with self.lock:
+            return self.vms.get((RESOURCE_GROUP.lower(), name.lower()))
+
+    def all_vms(self) -> list[Vm]:
+        with self.lock:
+            return list(self.vms.values())
+
+    def live(self) -> list[Vm]:
+        """VMs that hold or will hold capacity (not failed, not being deleted)."""
+        with self.lock:
+            return [
+                vm for vm in self.vms.values() if vm.state in ("Creating", "Updating", "Succeeded")
+            ]
+
+    def count(self, method: str, pattern: str) -> int:
+        with self.lock:
+            return sum(1 for m, path in self.requests if m == method and re.search(pattern, path))
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def _fault(self, operation: str) -> str | None:
+        with self.lock:
+            fault = None
+            if self.planned[operation]:
+                fault = self.planned[operation].pop(0)
+            elif self.chance and self.rng.random() < self.chance:
+                fault = self.rng.choice(CHAOS_FAULTS[operation])
+            if fault is not None:
+                self.injected.append((operation, fault))
+            return fault
+
+    # -- ARM --------------------------------------------------------------------------------
+
+    def put_vm(self, sub: str, rg: str, name: str, body: dict[str, Any]) -> Reply:
+        fault = self._fault("launch")
+        if fault in SYNC_FAULTS:
+            return error_reply(*SYNC_FAULTS[fault])
+        problem = _invalid_vm(body)
+        if problem:
+            return error_reply(400, "InvalidParameter", problem)
+        with self.lock:
+            key = (rg.lower(), name.lower())
+            existing = self.vms.get(key)
+            if existing is not None and existing.state == "Deleting":
+                return error_reply(
+                    409,
+                    "OperationNotAllowed",
+                    f"Operation 'write' is not allowed on VM '{name}' since it is marked for "
+                    "deletion.",
+                )
+            error = ASYNC_FAULTS.get(fault or "")
+            request = str((body.get("tags") or {}).get(TAG_KEYS[REQUEST_TAG], ""))
+            if error is None and existing is None and self.granted is not None:
+                used = self.granted_by_request.get(request, 0)
+                if used >= self.granted:
+                    error = ASYNC_FAULTS["capacity"]
+                else:
+                    self.granted_by_request[request] = used + 1
+            if existing is None:
+                vm = Vm(name, rg, body)
+                self.vms[key] = vm
+                status = 201
+            else:
+                vm = existing
+                vm.body, vm.state, vm.error = body, "Updating", None
+                status = 200
+            operation = self._operation("create", key, self.create_polls, error)
+            reply = Reply(status, vm.resource(sub), self._async_headers(sub, operation))
+            if operation.polls_left == 0:
+                self._finish(operation)
+            if fault == "timeout":
+                reply.drop = True
+            return reply
+
+    def get_vm(self, sub: str, rg: str, name: str) -> Reply:
+        with self.lock:
+            vm = self.vms.get((rg.lower(), name.lower()))
+            if vm is None:
+                return _not_found(rg, name)
+            return Reply(200, vm.resource(sub))
+
+    def instance_view(self, rg: str, name: str) -> Reply:
+        with self.lock:
+            vm = self.vms.get((rg.lower(), name.lower()))
+            if vm is None:
+                return _not_found(rg, name)
+            return Reply(200, vm.instance_view())
+
+    def delete_vm(self, sub: str, rg: str, name: str) -> Reply:
+        fault = self._fault("terminate")
+        if fault in SYNC_FAULTS:
+            return error_reply(*SYNC_FAULTS[fault])
+        with self.lock:
+            key = (rg.lower(), name.lower())
+            vm = self.vms.get(key)
+            if vm is None:
+                return Reply(204, None)
+            vm.state = "Deleting"
+            operation = self._operation("delete", key, 0)
+            headers = self._async_headers(sub, operation)
+            headers["Location"] = headers["Azure-AsyncOperation"].replace(
+                "?api-version", "?monitor=true&api-version"
+            )
+            if not self.hold_deletes:
+                self._finish(operation)
+            reply = Reply(202, None, headers)
+            reply.drop = fault == "timeout"
+            return reply
+
+    def list_vms(self, sub: str, rg: str, query: dict[str, str]) -> Reply:
+        skip = int(query.get("$skiptoken", "0") or 0)
+        page = skip // self.page_size
+        with self.lock:
+            fault = self.page_faults.pop(page, None)
+        if fault is None:
+            fault = self._fault("list")
+        if fault in SYNC_FAULTS:
+            return error_reply(*SYNC_FAULTS[fault])
+        with self.lock:
+            vms = [
+                vm
+                for (group, name), vm in self.vms.items()
+                if group == rg.lower() and name not in self.hidden
+            ]
+            chunk = vms[skip : skip + self.page_size]
+            body: dict[str, Any] = {"value": [vm.resource(sub) for vm in chunk]}
+            if skip + self.page_size < len(vms):
+                body["nextLink"] = (
+                    f"{self.url}/subscriptions/{sub}/resourceGroups/{rg}/providers/"
+                    f"Microsoft.Compute/virtualMachines?api-version={query['api-version']}"
+                    f"&$skiptoken={skip + self.page_size}"
+                )
+        reply = Reply(200, body)
+        reply.drop = fault == "timeout"
+        return reply
+
+    def operation_status(self, op_id: str, monitor: bool) -> Reply:
+        with self.lock:
+            operation = self.operations.get(op_id)
+            if operation is None:
+                return error_reply(404, "NotFound", f"The operation '{op_id}' was not found.")
+            if not operation.done and operation.polls_left > 0:
+                operation.polls_left -= 1
+            elif not operation.done and not (operation.kind == "delete" and self.hold_deletes):
+                self._finish(operation)
+            if monitor:
+                return Reply(200 if operation.done else 202, None)
+            status: dict[str, Any] = {"name": op_id, "startTime": operation.started}
+            if not operation.done:
+                status["status"] = "InProgress"
+            elif operation.error is not None:
+                status.update(
+                    status="Failed",
+                    endTime=_now_iso(),
+                    error={"code": operation.error[0], "message": operation.error[1]},
+                )
+            else:
+                status.update(status="Succeeded", endTime=_now_iso())
+            return Reply(200, status)
+
+    def _operation(
+        self, kind: str, key: tuple[str, str], polls: int, error: tuple[str, str] | None = None
+    ) -> AsyncOperation:
+        operation = AsyncOperation(str(uuid.uuid4()), kind, key, polls, error)
+        self.operations[operation.id] = operation
+        return operation
+
+    def _finish(self, operation: AsyncOperation) -> None:
+        operation.done = True
+        vm = self.vms.get(operation.key)
+        if vm is None:
+            return
+        if operation.kind == "delete":
+            del self.vms[operation.key]
+        elif operation.error is not None:
+            vm.state, vm.error = "Failed", operation.error
+        else:
+            vm.state = "Succeeded"
+
+    def _async_headers(self, sub: str, operation: AsyncOperation) -> dict[str, str]:
+        return {
+            "Azure-AsyncOperation": f"{self.url}/subscriptions/{sub}/providers/Microsoft.Compute/"
+            f"locations/{REGION}/operations/{operation.id}?api-version=2026-04-01",
+        }
+
+    # -- Retail Prices API --------------------------------------------------------------------
+
+    def retail_prices(self, query: dict[str, str]) -> Reply:
+        with self.lock:
+            fault = self.price_faults.pop(0) if self.price_faults else None
+        if fault in SYNC_FAULTS:
+            status, code, message = SYNC_FAULTS[fault]
+            return Reply(
+                status,
+                {"Error": {"Code": code, "Message": message}},
+                {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else {},
+            )
+        expression = query.get("$filter", "")
+        terms: list[tuple[str, str]] = []
+        for part in re.split(r"\s+and\s+", expression, flags=re.I) if expression else []:
+            matched = FILTER_TERM.match(part)
+            if matched is None:
+                return Reply(
+                    400,
+                    {"Error": {"Code": "BadRequest", "Message": f"Invalid OData filter: {part}"}},
+                )
+            terms.append((matched.group(1).lower(), matched.group(2).lower()))
+        chosen = [
+            item
+            for item in self.prices
+            if all(str(_field(item, name)).lower() == value for name, value in terms)
+        ]
+        skip = int(query.get("$skip", "0") or 0)
+        body: dict[str, Any] = {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": chosen[skip : skip + self.price_page_size],
+            "NextPageLink": None,
+            "Count": len(chosen[skip : skip + self.price_page_size]),
+        }
+        if skip + self.price_page_size < len(chosen):
+            body["NextPageLink"] = (
+                f"{self.url}{PRICES_PATH}?$filter={quote(expression)}"
+                f"&$skip={skip + self.price_page_size}"
+            )
+        return Reply(200, body)
+
+
+FILTER_ALIASES = {"pricetype": "type"}  # the API filters on priceType; items call it type
+
+
+def _field(item: dict[str, Any], name: str) -> Any:
+    name = FILTER_ALIASES.get(name, name)
+    for key, value in item.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _invalid_vm(body: dict[str, Any]) -> str | None:
+    """The parts of a VM body ARM insists on (a wrong shape fails here as it would there)."""
+    properties = body.get("properties") or {}
+    if not body.get("location"):
+        return "The 'location' property is required."
+    if not (properties.get("hardwareProfile") or {}).get("vmSize"):
+        return "Required parameter 'hardwareProfile.vmSize' is missing (null)."
+    storage = properties.get("storageProfile") or {}
+    if not storage.get("imageReference"):
+        return "Required parameter 'storageProfile.imageReference' is missing (null)."
+    os_profile = properties.get("osProfile") or {}
+    if not os_profile.get("adminUsername"):
+        return "Required parameter 'osProfile.adminUsername' is missing (null)."
+    if not (properties.get("networkProfile") or {}).get("networkInterfaceConfigurations"):
+        return "Required parameter 'networkProfile.networkInterfaceConfigurations' is missing."
+    priority = properties.get("priority", "Regular")
+    if priority == "Spot" and properties.get("evictionPolicy") not in ("Delete", "Deallocate"):
+        return "Spot VMs need an evictionPolicy of Delete or Deallocate."
+    if priority != "Spot" and properties.get("billingProfile"):
+        return "billingProfile.maxPrice is only allowed for Spot VMs."
+    return None
+
+
+def _not_found(rg: str, name: str) -> Reply:
+    return error_reply(
+        404,
+        "ResourceNotFound",
+        f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource group '{rg}' "
+        "was not found.",
+    )
+
+
+def price_items() -> list[dict[str, Any]]:
+    """Retail Prices API items for the sizes above: the real on-demand Linux meter, plus
+    constructed spot, low-priority and Windows meters and a reservation row."""
+    items: list[dict[str, Any]] = []
+    for size, series, vcpus, _, on_demand in SIZES:
+        short = size.removeprefix("Standard_").replace("_", " ")
+        product = f"Virtual Machines {series} Series"
+        windows = on_demand + WINDOWS_PER_VCPU * vcpus
+        for meter, product_name, price, kind in (
+            (short, product, on_demand, "Consumption"),
+            (f"{short} Spot", product, on_demand * SPOT_FRACTION, "Consumption"),
+            (f"{short} Low Priority", product, on_demand * LOW_PRIORITY_FRACTION, "Consumption"),
+            (short, f"{product} Windows", windows, "Consumption"),
+            (f"{short} Spot", f"{product} Windows", windows * SPOT_FRACTION, "Consumption"),
+            (short, product, on_demand * 0.62, "Reservation"),
+        ):
+            item = {
+                "currencyCode": "USD",
+                "tierMinimumUnits": 0.0,
+                "retailPrice": round(price, 6),
+                "unitPrice": round(price, 6),
+                "armRegionName": REGION,
+                "location": "US East",
+                "effectiveStartDate": "2026-06-01T00:00:00Z",
+                "meterId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{meter}/{product_name}/{kind}")),
+                "meterName": meter,
+                "productId": "DZH318Z0BQ4L",
+                "skuId": "DZH318Z0BQ4L/00G1",
+                "productName": product_name,
+                "skuName": meter,
+                "serviceName": "Virtual Machines",
+                "serviceId": "DZH313Z7MMC8",
+                "serviceFamily": "Compute",
+                "unitOfMeasure": "1 Hour",
+                "type": kind,
+                "isPrimaryMeterRegion": True,
+                "armSkuName": size,
+            }
+            if kind == "Reservation":
+                item["reservationTerm"] = "1 Year"
+            items.append(item)
+    return items
+
+
+def spot_price(size: str) -> float:
+    """The constructed spot price the emulator serves for a size."""
+    return round(next(s[4] for s in SIZES if s[0] == size) * SPOT_FRACTION, 6)
+
+
+def on_demand_price(size: str) -> float:
+    return next(s[4] for s in SIZES if s[0] == size)
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    drop: bool = False
+
+
+def error_reply(status: int, code: str, message: str) -> Reply:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else {}
+    headers["x-ms-failure-cause"] = "gateway" if status == 429 else "service"
+    return Reply(status, {"error": {"code": code, "message": message}}, headers)
+
+
+def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in two writes
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: the tests read what matters from the emulator's state."""
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_PUT(self) -> None:
+            self._serve("PUT")
+
+        def do_DELETE(self) -> None:
+            self._serve("DELETE")
+
+        def _serve(self, method: str) -> None:
+            parts = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            with emulator.lock:
+                emulator.requests.append((method, parts.path))
+            reply = self._route(method, parts.path, query, raw)
+            if reply.drop:
+                self.close_connection = True
+                return
+            data = b"" if reply.body is None else json.dumps(reply.body).encode()
+            self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            if data:
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("x-ms-request-id", str(uuid.uuid4()))
+            self.end_headers()
+            if data:
+                self.wfile.write(data)
+
+        def _route(self, method: str, path: str, query: dict[str, str], raw: bytes) -> Reply:
+            if path == PRICES_PATH and method == "GET":
+                return emulator.retail_prices(query)
+            auth = self.headers.get("Authorization", "")
+            if not auth.startswith("Bearer ") or len(auth) <= len("Bearer "):
+                return error_reply(
+                    401,
+                    "AuthenticationFailed",
+                    "Authentication failed. The 'Authorization' header is missing.",
+                )
+            with emulator.lock:
+                emulator.tokens.add(auth.removeprefix("Bearer "))
+            if "api-version" not in query:
+                return error_reply(
+                    400,
+                    "MissingApiVersionParameter",
+                    "The api-version query parameter (?api-version=) is required for all requests.",
+                )
+            if matched := OPERATION_PATH.match(path):
+                if method == "GET":
+                    return emulator.operation_status(matched["op"], query.get("monitor") == "true")
+            elif matched := VIEW_PATH.match(path):
+                if method == "GET":
+                    return emulator.instance_view(matched["rg"], matched["name"])
+            elif matched := VM_PATH.match(path):
+                sub, rg, name = matched["sub"], matched["rg"], matched["name"]
+                if method == "PUT":
+                    try:
+                        body = json.loads(raw or b"{}")
+                    except ValueError:
+                        return error_reply(400, "InvalidRequestContent", "Bad JSON.")
+                    return emulator.put_vm(sub, rg, name, body)
+                if method == "GET":
+                    return emulator.get_vm(sub, rg, name)
+                if method == "DELETE":
+                    return emulator.delete_vm(sub, rg, name)
+            elif (matched := LIST_PATH.match(path)) and method == "GET":
+                return emulator.list_vms(matched["sub"], matched["rg"], query)
+            return error_reply(
+                404, "InvalidResourceType", f"No route for {method} {path} in this emulator."
+            )
+
+    return Handler
+
+
+# -- the contract world ------------------------------------------------------------------------
+
+
+class AzureWorld:
+    """Azure as the shared contract tests see it: a fresh AzureProvider per call, pointed at the
+    emulator, and the emulator's steering behind the World protocol."""
+
+    name = "azure"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"stranger", "partial", "pagination", "chaos", *FAULT_KINDS}
+    )
+
+    def __init__(self, emulator: ArmEmulator) -> None:
+        self.emulator = emulator
+        self.page_size: int | None = emulator.page_size
+        self._strangers = 0
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "subscription_id": SUBSCRIPTION,
+            "resource_group": RESOURCE_GROUP,
+            "endpoint": self.emulator.url,
+            "retail_prices_url": f"{self.emulator.url}{PRICES_PATH}",
+            "polling_interval_s": 0.01,
+            "operation_timeout_s": 10.0,
+            **extra,
+        }
+
+    def pool(
+        self, name: str, *, market: str = "spot", gpus: int = 1, max_instances: int | None = None
+    ) -> Pool:
+        return Pool(
+            name=name,
+            provider="azure",
+            region=REGION,
+            instance_type=SIZE_FOR_GPUS[gpus],
+            gpus_per_instance=gpus,
+            market=market,  # type: ignore[arg-type]
+            max_instances=max_instances,
+            boot_seconds=0,
+            options=dict(POOL_OPTIONS),
+        )
+
+    def provider(self, pools: Sequence[Pool], clock: Clock) -> Provider:
+        return AzureProvider.from_config(self.settings(), pools, FLEET, clock)
+
+    def live(self) -> dict[str, dict[str, str]]:
+        return {vm.name: core_tags(vm.body.get("tags")) for vm in self.emulator.live()}
+
+    def add_stranger(self) -> str:
+        self._strangers += 1
+        name = f"someone-elses-vm-{self._strangers}"
+        self.emulator.add_vm(name, {"team": "research"})
+        return name
+
+    def fail_next(self, operation: Operation, fault: str, times: int = 1) -> None:
+        self.emulator.fail_next(operation, fault, times)
+
+    def grant_at_most(self, count: int | None) -> None:
+        self.emulator.grant_at_most(count)
+
+    def chaos(self, chance: float, seed: int) -> None:
+        self.emulator.chaos(chance, seed)
+
+
+@pytest.fixture(scope="session")
+def azure_emulator() -> Iterator[ArmEmulator]:
+    emulator = ArmEmulator()
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def azure_world(azure_emulator: ArmEmulator) -> AzureWorld:
+    azure_emulator.reset()
+    return AzureWorld(azure_emulator)

@@ -1,0 +1,223 @@
+"""The provider contract, run against every provider and the backend it talks to (AWS on moto,
+GCP and Azure on the emulators in this folder, and the simulated clouds): launch, idempotent
+relaunch, listing by tag or label, terminating only what is ours, typed errors, partial
+fulfilment, pagination, and a chaos run with faults and restarts through the real controller."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from azure_emulator import AzureWorld
+from contract_support import FAULT_KINDS, FLEET, AwsWorld, SimWorld, World
+from fakes import FakeQueue, job
+from gcp_emulator import GcpWorld
+
+from autoscaler.clock import ManualClock
+from autoscaler.config import ControllerConfig, Limits
+from autoscaler.controller import Controller
+from autoscaler.errors import (
+    AuthError,
+    CapacityError,
+    ProviderError,
+    QuotaError,
+    ThrottledError,
+    TransientError,
+)
+from autoscaler.model import InstanceState
+from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.retry import RetryPolicy
+from policies.cost_aware import CostAwareParams, CostAwarePolicy
+
+WORLDS: dict[str, type] = {"aws": AwsWorld, "gcp": GcpWorld, "azure": AzureWorld, "sim": SimWorld}
+EXPECTED: dict[str, type[ProviderError]] = {
+    "capacity": CapacityError,
+    "quota": QuotaError,
+    "throttle": ThrottledError,
+    "server": TransientError,
+    "auth": AuthError,
+}
+
+
+def able(capability: str) -> list[str]:
+    return [name for name, cls in WORLDS.items() if capability in cls.capabilities]
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    yield request.getfixturevalue(f"{request.param}_world")
+
+
+@pytest.fixture
+def aws_world(aws: str) -> AwsWorld:
+    return AwsWorld(aws)
+
+
+@pytest.fixture
+def sim_world() -> SimWorld:
+    return SimWorld()
+
+
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
+
+
+@pytest.mark.parametrize("world", list(WORLDS), indirect=True)
+def test_launch_tags_and_lists(world: World) -> None:
+    pool = world.pool("pool-a")
+    provider = world.provider([pool], clock())
+    result = provider.launch(pool, 3, "req-launch", FLEET)
+    assert len(result.instances) == 3 and result.shortfall is None
+    listed = provider.list_instances(FLEET)
+    assert sorted(i.id for i in listed) == sorted(i.id for i in result.instances)
+    assert {(i.pool, i.request_id, i.gpus) for i in listed} == {("pool-a", "req-launch", 1)}
+    live = world.live()
+    for instance in result.instances:
+        tags = live[instance.id]
+        assert tags[FLEET_TAG] == FLEET
+        if world.name != "sim":
+            assert tags[POOL_TAG] == "pool-a" and tags[REQUEST_TAG] == "req-launch"
+
+
+@pytest.mark.parametrize("world", list(WORLDS), indirect=True)
+def test_a_repeated_launch_after_a_restart_buys_nothing_more(world: World) -> None:
+    pool = world.pool("pool-a")
+    first = world.provider([pool], clock()).launch(pool, 2, "req-again", FLEET)
+    again = world.provider([pool], clock()).launch(pool, 2, "req-again", FLEET)
+    assert again.already_existed
+    assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
+    assert len(world.live()) == 2
+
+
+@pytest.mark.parametrize("world", able("stranger"), indirect=True)
+def test_only_our_instances_are_seen_and_terminated(world: World) -> None:
+    pool = world.pool("pool-a")
+    provider = world.provider([pool], clock())
+    ours = [i.id for i in provider.launch(pool, 2, "req-ours", FLEET).instances]
+    stranger = world.add_stranger()
+    assert sorted(i.id for i in provider.list_instances(FLEET)) == sorted(ours)
+    provider.terminate([*ours, stranger], "req-term")
+    assert set(world.live()) == {stranger}
+
+
+@pytest.mark.parametrize(
+    ("world", "fault"),
+    [
+        (name, fault)
+        for name, cls in WORLDS.items()
+        for fault in FAULT_KINDS
+        if fault in cls.capabilities
+    ],
+    indirect=["world"],
+)
+def test_launch_failures_arrive_typed(world: World, fault: str) -> None:
+    pool = world.pool("pool-a")
+    provider = world.provider([pool], clock())
+    world.fail_next("launch", fault)
+    try:
+        result = provider.launch(pool, 1, "req-fail", FLEET)
+    except ProviderError as error:
+        assert isinstance(error, EXPECTED[fault]), error
+        assert error.pool in (None, "pool-a")
+    else:
+        assert fault == "capacity", "only a capacity failure may come back as a shortfall"
+        assert result.instances == () and isinstance(result.shortfall, CapacityError)
+    assert [i for i in world.live() if world.live()[i].get(FLEET_TAG) == FLEET] == []
+
+
+@pytest.mark.parametrize(
+    ("world", "fault"),
+    [
+        (name, fault)
+        for name, cls in WORLDS.items()
+        for fault in ("throttle", "server")
+        if fault in cls.capabilities
+    ],
+    indirect=["world"],
+)
+def test_listing_failures_arrive_typed(world: World, fault: str) -> None:
+    pool = world.pool("pool-a")
+    provider = world.provider([pool], clock())
+    world.fail_next("list", fault)
+    with pytest.raises(EXPECTED[fault]):
+        provider.list_instances(FLEET)
+
+
+@pytest.mark.parametrize("world", able("partial"), indirect=True)
+def test_partial_fulfilment_is_a_capacity_shortfall(world: World) -> None:
+    pool = world.pool("pool-a")
+    provider = world.provider([pool], clock())
+    world.grant_at_most(1)
+    result = provider.launch(pool, 3, "req-partial", FLEET)
+    assert len(result.instances) == 1
+    assert isinstance(result.shortfall, CapacityError)
+    assert len(world.live()) == 1
+
+
+@pytest.mark.parametrize("world", able("pagination"), indirect=True)
+def test_listing_spans_pages(world: World) -> None:
+    assert world.page_size is not None
+    pool = world.pool("pool-a", max_instances=None)
+    provider = world.provider([pool], clock())
+    count = world.page_size * 2 + 1
+    launched = provider.launch(pool, count, "req-many", FLEET).instances
+    assert len(launched) == count
+    assert len(provider.list_instances(FLEET)) == count
+
+
+@pytest.mark.parametrize("world", able("chaos"), indirect=True)
+def test_chaos_faults_and_restarts_never_leak_duplicate_or_overspend(world: World) -> None:
+    rng = random.Random(11)
+    pools = [world.pool("pool-a", max_instances=4), world.pool("pool-b", max_instances=4)]
+    limits = Limits(
+        max_instances=7, max_cost_per_hour=40.0, max_launches_per_tick=3, scale_down_cooldown_s=0
+    )
+    queue = FakeQueue()
+    now = clock()
+    sleeps: list[float] = []
+
+    def controller() -> Controller:
+        provider = world.provider(pools, now)
+        config = ControllerConfig(
+            fleet_id=FLEET, pools=tuple(pools), limits=limits, capacity_cache_ttl_s=120
+        )
+        policy = CostAwarePolicy(CostAwareParams(idle_seconds=0, unobserved_nodes="surplus"))
+        return Controller(
+            config,
+            policy,
+            {world.name: provider},
+            now,
+            [queue],
+            retry=RetryPolicy(attempts=3, sleep=sleeps.append),
+        )
+
+    running = controller()
+    prices = {q.pool: q.price_per_hour for q in running.providers[world.name].prices(pools)}
+    assert set(prices) == {"pool-a", "pool-b"}, "every pool has a price for the budget"
+    world.chaos(0.2, seed=3)
+    demand = 0
+    for _ in range(200):
+        demand = max(0, min(12, demand + rng.choice([-2, -1, 0, 0, 1, 2])))
+        queue.jobs = [job(f"d{i}") for i in range(demand)]
+        if rng.random() < 0.05:
+            running = controller()
+        running.tick()
+        now.advance(30)
+        live = {i: t for i, t in world.live().items() if t.get(FLEET_TAG) == FLEET}
+        by_pool: dict[str, int] = {}
+        for tags in live.values():
+            by_pool[tags[POOL_TAG]] = by_pool.get(tags[POOL_TAG], 0) + 1
+        assert all(count <= 4 for count in by_pool.values()), by_pool
+        assert len(live) <= 7
+        cost = sum(prices[p] * n for p, n in by_pool.items())
+        assert cost <= 40.0 + 1e-9, "the budget cap holds at every tick"
+    world.chaos(0.0, seed=0)
+    queue.jobs = [job(f"end{i}") for i in range(5)]
+    for _ in range(8):
+        running.tick()
+        now.advance(30)
+    live = {i for i, t in world.live().items() if t.get(FLEET_TAG) == FLEET}
+    assert len(live) == 5, "the fleet matches the plan once the faults stop"
+    known = {r.id for r in running.table.live() if r.state is not InstanceState.TERMINATING}
+    assert live == known, "no instance is orphaned"
