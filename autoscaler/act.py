@@ -126,8 +126,23 @@ class Actuator:
         if record is None or record.state in (
             InstanceState.INTERRUPTED,
             InstanceState.TERMINATING,
-            InstanceState.TERMINATED,
         ):
+            return
+        if record.state is InstanceState.TERMINATED:
+            if not any(state is InstanceState.TERMINATING for state, _, _ in record.history):
+                # gone before we read the notice, and not by our hand: still an interruption
+                self.history.record(record.pool, now)
+                records.append(
+                    ActionRecord(
+                        "interruption",
+                        record.pool,
+                        1,
+                        0,
+                        "gone",
+                        f"{notice.kind} notice for an instance already gone",
+                        instance_ids=(record.id,),
+                    )
+                )
             return
         if notice.kind is not NoticeKind.TERMINATE:
             records.append(

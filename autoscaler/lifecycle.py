@@ -93,7 +93,9 @@ class InstanceTable:
         existing = self._records.get(instance.id)
         if existing is not None:
             return existing
-        state = instance.state if instance.state in (S.PENDING, S.RUNNING) else S.REQUESTED
+        # An instance is recorded in the state the cloud lists it in: one adopted while shutting
+        # down must not count as capacity on its way.
+        state = instance.state if instance.state is not S.DRAINING else S.RUNNING
         record = InstanceRecord(
             id=instance.id,
             provider=provider,

@@ -103,7 +103,7 @@ class Observer:
         self.history.expose(running, now)
         demand = self._read_demand(now, errors)
         reading = self._read_nodes(now, errors)
-        owned = {r.id for r in self.table.live()}
+        owned = {r.id for r in self.table}
         view = FleetView.model_construct(
             now=now,
             tick=tick,

@@ -328,3 +328,24 @@ def test_capacity_failure_in_one_cloud_fails_over_to_the_next_cheapest_cloud_in_
         ("gcp-spot", "ok", 2),
     ]
     assert len(clouds["gcp"].instances) == 2 and not clouds["azure"].instances
+
+
+def test_a_notice_for_an_instance_already_gone_still_counts_as_an_interruption() -> None:
+    t = rig([pool("a"), pool("b")], {"a": 1.0, "b": 1.1})
+    t.queue.jobs = [job("j")]
+    t.controller.tick()
+    (instance,) = t.cloud.instances
+    del t.cloud.instances[instance]  # reclaimed by the cloud before we heard
+    t.clock.advance(700)
+    t.controller.tick()
+    t.cloud.notices = [
+        InterruptionNotice(
+            instance_id=instance, pool="a", received_at=t.clock.now(), deadline=t.clock.now()
+        )
+    ]
+    t.clock.advance(60)
+    report = t.controller.tick()
+    assert [a.outcome for a in report.actions if a.kind == "interruption"] == ["gone"]
+    t.clock.advance(60)
+    report = t.controller.tick()
+    assert report.view.pool_by_name["a"].recent_interruptions == 1

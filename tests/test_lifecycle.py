@@ -70,3 +70,10 @@ def test_controller_states_are_not_undone_by_a_listing() -> None:
     assert record.state is S.DRAINING
     table.sync([("aws", instance("i", S.TERMINATED))], now=3.0, providers_listed={"aws"})
     assert record.state is S.TERMINATED
+
+
+def test_an_instance_adopted_while_shutting_down_holds_no_capacity() -> None:
+    table = InstanceTable()
+    table.sync([("aws", instance("leaving", S.TERMINATING))], now=0.0, providers_listed={"aws"})
+    record = table.get("leaving")
+    assert record is not None and record.state is S.TERMINATING and not record.live
