@@ -42,7 +42,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote
 from urllib.request import urlopen
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoscaler.catalog import SkyPilotCatalog
 from autoscaler.clock import Clock, SystemClock
@@ -57,6 +57,7 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
+from autoscaler.inputfile import validate_settings
 from autoscaler.model import (
     Instance,
     InstanceState,
@@ -224,12 +225,6 @@ def _provisioning(vm: Any) -> str:
     return _text(vm.provisioning_state).lower()
 
 
-def _located(exc: ValidationError, field: str) -> InputError:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return InputError("config", str(first["msg"]), field=f"{field}.{loc}" if loc else field)
-
-
 def azure_tags(tags: Mapping[str, str]) -> dict[str, str]:
     """The core's tags as Azure can store them."""
     return {TAG_KEYS.get(key, key): value for key, value in tags.items()}
@@ -287,10 +282,9 @@ class AzureProvider:
         self.pools = {p.name: p for p in pools}
         self.options: dict[str, AzurePoolOptions] = {}
         for index, pool in enumerate(pools):
-            try:
-                options = AzurePoolOptions.model_validate(pool.options)
-            except ValidationError as exc:
-                raise _located(exc, f"pools[{index}].options") from None
+            options = validate_settings(
+                AzurePoolOptions, pool.options, field=f"pools[{index}].options"
+            )
             if not pool.is_spot and "max_price" in options.model_fields_set:
                 raise InputError(
                     "config",
@@ -317,10 +311,7 @@ class AzureProvider:
         fleet_id: str,
         clock: Clock | None = None,
     ) -> AzureProvider:
-        try:
-            parsed = AzureSettings.model_validate(dict(settings))
-        except ValidationError as exc:
-            raise _located(exc, "providers.azure") from None
+        parsed = validate_settings(AzureSettings, dict(settings), field="providers.azure")
         return cls(parsed, pools, fleet_id, clock)
 
     # -- the client --------------------------------------------------------------------------

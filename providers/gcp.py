@@ -37,7 +37,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autoscaler.catalog import DATA, SKYPILOT_COLUMNS, CatalogPrice, SkyPilotCatalog
 from autoscaler.clock import Clock, SystemClock
@@ -53,6 +53,7 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
+from autoscaler.inputfile import validate_settings
 from autoscaler.model import (
     Instance,
     InstanceState,
@@ -175,12 +176,6 @@ class GcpPoolOptions(_Strict):
         if self.accelerator_count is not None and self.accelerator_type is None:
             raise ValueError("accelerator_count needs an accelerator_type")
         return self
-
-
-def _located(exc: ValidationError, field: str) -> InputError:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return InputError("config", str(first["msg"]), field=f"{field}.{loc}" if loc else field)
 
 
 # -- labels ------------------------------------------------------------------------------------
@@ -519,10 +514,7 @@ class GcpProvider:
         self.zones: dict[str, tuple[str, ...]] = {}
         for index, pool in enumerate(pools):
             where = f"pools[{index}].options"
-            try:
-                self.options[pool.name] = GcpPoolOptions.model_validate(pool.options)
-            except ValidationError as exc:
-                raise _located(exc, where) from None
+            self.options[pool.name] = validate_settings(GcpPoolOptions, pool.options, field=where)
             zones = self.options[pool.name].zones or ((pool.zone,) if pool.zone else ())
             if not zones:
                 raise InputError("config", "give zones, or the pool's zone", field=f"{where}.zones")
@@ -558,10 +550,7 @@ class GcpProvider:
         fleet_id: str,
         clock: Clock | None = None,
     ) -> GcpProvider:
-        try:
-            parsed = GcpSettings.model_validate(dict(settings))
-        except ValidationError as exc:
-            raise _located(exc, "providers.gcp") from None
+        parsed = validate_settings(GcpSettings, dict(settings), field="providers.gcp")
         return cls(parsed, pools, fleet_id, clock)
 
     # -- clients -----------------------------------------------------------------------------
