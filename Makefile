@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint services bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/gpu-autoscaler report --out report
 
-## Lint, type-check and run the whole test suite.
-test: lint
+## Lint, type-check and run the whole test suite (installs Slurm, Redis and Prometheus first:
+## the tests run against real ones).
+test: lint services
 	$(BIN)/pytest -n 2 -q
+
+services:
+	./scripts/install-test-services.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -60,6 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run.set_defaults(run=_run)
 
+    from autoscaler.agent.cli import add_arguments as add_agent_arguments
+
+    agent = commands.add_parser(
+        "agent",
+        help="run the node agent: GPU metrics in dcgm-exporter's names, and the cloud's "
+        "interruption notices forwarded to the controller",
+    )
+    add_agent_arguments(agent)
+    agent.set_defaults(run=_agent)
+
     for name in ("report", "simulate"):
         report = commands.add_parser(
             name, help="replay a scenario through policies and write the dry-run cost report"
@@ -141,6 +151,12 @@ def _run(args: argparse.Namespace) -> int:
     sources = build_sources(config)
     controller = Controller(config, policy, providers, SystemClock(), sources)
     return Runner(controller, providers).run(max_ticks=args.ticks)
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from autoscaler.agent.cli import run
+
+    return run(args)
 
 
 def _policies(args: argparse.Namespace) -> int:

@@ -22,8 +22,9 @@ from autoscaler.config import ControllerConfig
 from autoscaler.errors import InputError, describe
 from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
 from autoscaler.lifecycle import InstanceTable
+from autoscaler.metrics import Metrics
 from autoscaler.model import FleetView, InterruptionNotice, Plan
-from autoscaler.observe import Observer
+from autoscaler.observe import Observation, Observer, Signals
 from autoscaler.policy import Policy
 from autoscaler.provider import Provider
 from autoscaler.retry import RetryPolicy
@@ -58,6 +59,8 @@ class Controller:
         incarnation: str | None = None,
         retry: RetryPolicy | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        signals: Signals | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         missing = sorted({p.provider for p in config.pools} - set(providers))
         if missing:
@@ -75,8 +78,10 @@ class Controller:
         self.capacity = CapacityCache(config.capacity_cache_ttl_s)
         self.history = InterruptionHistory(config.risky_pool_ttl_s)
         self.memory = GuardMemory()
+        self.signals = signals or Signals(queues=tuple(queue_sources), nodes=node_source)
+        self.metrics = metrics
         self.observer = Observer(
-            config, providers, queue_sources, node_source, self.table, self.capacity, self.history
+            config, providers, self.signals, self.table, self.capacity, self.history
         )
         self.actuator = Actuator(
             config,
@@ -111,7 +116,7 @@ class Controller:
             self.last_plan = plan
         else:
             log.warning("tick %d held: %s", number, held)
-        return TickReport(
+        report = TickReport(
             tick=number,
             now=now,
             view=view,
@@ -122,6 +127,22 @@ class Controller:
             errors=observation.errors,
             duration_s=self.timer() - started,
         )
+        if self.metrics is not None:
+            self._record(self.metrics, observation, report)
+        return report
+
+    @staticmethod
+    def _record(metrics: Metrics, observation: Observation, report: TickReport) -> None:
+        for (kind, name), up in observation.source_status.items():
+            metrics.source_up.labels(kind, name).set(1 if up else 0)
+            if not up:
+                metrics.source_errors.labels(kind, name).inc()
+        demand = report.view.demand
+        metrics.demand_known.set(1 if demand.known else 0)
+        metrics.pending_gpus.set(sum(g.gpus_per_job * g.jobs for g in demand.groups))
+        outcome = "held" if report.held else ("degraded" if report.errors else "ok")
+        metrics.ticks.labels(outcome).inc()
+        metrics.tick_seconds.observe(report.duration_s)
 
     def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:
         for name, notices in polled.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from autoscaler.capacity import CapacityCache, InterruptionHistory
 from autoscaler.config import ControllerConfig
@@ -29,7 +30,8 @@ from autoscaler.model import (
     PriceQuote,
 )
 from autoscaler.provider import Provider
-from autoscaler.sources import NodeReading, NodeSource, NodeUsage, QueueSource
+from autoscaler.sources import NodeReading, NodeSource, NodeUsage, QueueSource, TelemetrySource
+from autoscaler.telemetry import IdleTracker, apply
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,24 @@ class Observation:
     errors: list[str] = field(default_factory=list)
     failed_providers: set[str] = field(default_factory=set)
     polled: dict[str, list[InterruptionNotice]] = field(default_factory=dict)
+    source_status: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+
+class NoticeSource(Protocol):
+    """Notices that arrive outside a provider, such as the node agents' inbox."""
+
+    def take(self) -> list[InterruptionNotice]: ...
+
+
+@dataclass
+class Signals:
+    """Everything observe reads besides the clouds."""
+
+    queues: Sequence[QueueSource] = ()
+    nodes: NodeSource | None = None
+    telemetry: Sequence[TelemetrySource] = ()
+    notices: Sequence[NoticeSource] = ()
+    tracker: IdleTracker = field(default_factory=IdleTracker)
 
 
 class Observer:
@@ -48,16 +68,14 @@ class Observer:
         self,
         config: ControllerConfig,
         providers: Mapping[str, Provider],
-        queue_sources: Sequence[QueueSource],
-        node_source: NodeSource | None,
+        signals: Signals,
         table: InstanceTable,
         capacity: CapacityCache,
         history: InterruptionHistory,
     ) -> None:
         self.config = config
         self.providers = providers
-        self.queue_sources = list(queue_sources)
-        self.node_source = node_source
+        self.signals = signals
         self.table = table
         self.capacity = capacity
         self.history = history
@@ -74,12 +92,15 @@ class Observer:
         polled: dict[str, list[InterruptionNotice]] = {}
         listed_ok: set[str] = set()
         failed: set[str] = set()
+        status: dict[tuple[str, str], bool] = {}
         for name, provider in self.providers.items():
             try:
                 listed.extend((name, i) for i in provider.list_instances(self.config.fleet_id))
                 listed_ok.add(name)
+                status[("provider", name)] = True
             except Exception as exc:
                 failed.add(name)
+                status[("provider", name)] = False
                 errors.append(f"provider {name}: listing failed: {describe(exc)}")
                 continue
             try:
@@ -101,8 +122,11 @@ class Observer:
             if record.state is InstanceState.RUNNING:
                 running[record.pool] = running.get(record.pool, 0) + 1
         self.history.expose(running, now)
-        demand = self._read_demand(now, errors)
-        reading = self._read_nodes(now, errors)
+        demand = self._read_demand(now, errors, status)
+        reading = self._read_nodes(now, errors, status)
+        for inbox in self.signals.notices:
+            notices.extend(inbox.take())
+        notices = [self._with_pool(n) for n in notices]
         owned = {r.id for r in self.table}
         view = FleetView.model_construct(
             now=now,
@@ -117,29 +141,67 @@ class Observer:
         )
         for message in errors:
             log.warning("observe: %s", message)
-        return Observation(view, sync, errors, failed, polled)
+        return Observation(view, sync, errors, failed, polled, status)
 
-    def _read_demand(self, now: float, errors: list[str]) -> Demand:
+    def _with_pool(self, notice: InterruptionNotice) -> InterruptionNotice:
+        """A notice from a node agent knows its instance, not its pool: the table does."""
+        record = self.table.get(notice.instance_id)
+        if record is None or notice.pool == record.pool:
+            return notice
+        return notice.model_copy(update={"pool": record.pool})
+
+    def _read_demand(
+        self, now: float, errors: list[str], status: dict[tuple[str, str], bool]
+    ) -> Demand:
         groups: list[DemandGroup] = []
         failed: list[str] = []
-        for source in self.queue_sources:
+        for source in self.signals.queues:
             try:
                 groups.extend(source.read(now))
+                status[("queue", source.name)] = True
             except Exception as exc:
                 failed.append(source.name)
+                status[("queue", source.name)] = False
                 errors.append(f"queue source {source.name}: {describe(exc)}")
         return Demand.model_construct(
             groups=tuple(groups), known=not failed, failed_sources=tuple(failed)
         )
 
-    def _read_nodes(self, now: float, errors: list[str]) -> NodeReading:
-        if self.node_source is None:
-            return NodeReading()
-        try:
-            return self.node_source.read_nodes(now)
-        except Exception as exc:
-            errors.append(f"node source {self.node_source.name}: {describe(exc)}")
-            return NodeReading()
+    def _read_nodes(
+        self, now: float, errors: list[str], status: dict[tuple[str, str], bool]
+    ) -> NodeReading:
+        reading = NodeReading()
+        source = self.signals.nodes
+        if source is not None:
+            try:
+                reading = source.read_nodes(now)
+                status[("nodes", source.name)] = True
+            except Exception as exc:
+                status[("nodes", source.name)] = False
+                errors.append(f"node source {source.name}: {describe(exc)}")
+        tracker = self.signals.tracker
+        for telemetry in self.signals.telemetry:
+            try:
+                tracker.observe(telemetry.read_gpus(now))
+                status[("telemetry", telemetry.name)] = True
+            except Exception as exc:
+                status[("telemetry", telemetry.name)] = False
+                errors.append(f"telemetry {telemetry.name}: {describe(exc)}")
+        if not self.signals.telemetry:
+            return reading
+        measured = tracker.nodes(now)
+        onprem = tuple(
+            node
+            if node.name not in measured
+            else node.model_copy(
+                update={
+                    "gpu_util_pct": measured[node.name].util_pct,
+                    "idle_since": measured[node.name].idle_since,
+                }
+            )
+            for node in reading.onprem
+        )
+        return NodeReading(onprem, apply(reading.cloud, measured))
 
     def _cloud_nodes(self, usage: Mapping[str, NodeUsage]) -> tuple[CloudNode, ...]:
         """One ``CloudNode`` per live record; last tick's object is reused when nothing about

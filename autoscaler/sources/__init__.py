@@ -2,19 +2,27 @@
 
 Queue sources report pending demand; a node source reports on-prem nodes and what runs on cloud
 nodes (scheduler allocation plus measured utilisation); a workload scheduler adapter drains
-nodes, requeues their jobs and applies a policy's placement rule. Slurm, Prometheus, Redis and SQS
-implement them in later work; the simulator implements all three.
+nodes, requeues their jobs and applies a policy's placement rule; a telemetry source reports GPU
+readings. One configured source may play several roles (Slurm is a queue, a node source and the
+scheduler); wiring finds the roles by the methods it has. The simulator implements them too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from autoscaler.model import DemandGroup, Job, OnPremNode, Placement
 
 
+class SourceError(Exception):
+    """A source answered with something we cannot use: a failed command, malformed output, an
+    error status, a NaN, a stale sample. The message says which source and what was wrong in one
+    line; observe marks the signal failed for the tick (demand unknown, never zero)."""
+
+
+@runtime_checkable
 class QueueSource(Protocol):
     name: str
 
@@ -37,12 +45,39 @@ class NodeReading:
     cloud: Mapping[str, NodeUsage] = field(default_factory=dict)
 
 
+@runtime_checkable
 class NodeSource(Protocol):
     name: str
 
     def read_nodes(self, now: float) -> NodeReading: ...
 
 
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's reading as NVML or dcgm-exporter gives it (``at``: when it was taken)."""
+
+    host: str
+    gpu: str
+    util_pct: float
+    at: float
+    uuid: str | None = None
+    model: str | None = None
+    memory_used_mib: float | None = None
+
+
+@runtime_checkable
+class TelemetrySource(Protocol):
+    """GPU readings per host: our agents, a dcgm-exporter ops already run, or Prometheus.
+
+    Hosts are named as the workload scheduler names nodes (a cloud node's name is its instance
+    id), so readings and allocations meet on the same node."""
+
+    name: str
+
+    def read_gpus(self, now: float) -> Sequence[GpuSample]: ...
+
+
+@runtime_checkable
 class WorkloadScheduler(Protocol):
     def apply_placement(self, placement: Placement) -> None: ...
 

@@ -1,0 +1,135 @@
+"""Where node agents deliver interruption notices they read on the node (AWS IMDS, GCP metadata,
+Azure Scheduled Events): a small authenticated HTTP endpoint feeding the controller's next tick,
+which the agent's post wakes at once.
+
+``POST /v1/notices`` with ``Authorization: Bearer <token>`` and a JSON body
+``{"instance_id": "...", "kind": "terminate" | "rebalance", "deadline": <epoch s or null>,
+"source": "aws-imds"}``; 202 when accepted, 401 for a wrong token, 400 for a body that is not a
+notice. The token is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autoscaler.clock import Clock
+from autoscaler.model import InterruptionNotice, NoticeKind
+
+log = logging.getLogger(__name__)
+MAX_BODY = 64 * 1024
+
+
+class NoticeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    instance_id: str
+    kind: NoticeKind = NoticeKind.TERMINATE
+    deadline: float | None = None
+    source: str = "agent"
+
+
+class NoticeInbox:
+    """Notices posted by agents, kept until a tick takes them."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.rejected = 0
+        self._lock = threading.Lock()
+        self._notices: list[InterruptionNotice] = []
+        self._wakeup: Callable[[], None] | None = None
+
+    def start(self, wakeup: Callable[[], None] | None = None) -> None:
+        self._wakeup = wakeup
+
+    def post(self, body: NoticeBody) -> InterruptionNotice:
+        notice = InterruptionNotice(
+            instance_id=body.instance_id,
+            pool="unknown",
+            kind=body.kind,
+            received_at=self.clock.now(),
+            deadline=body.deadline,
+        )
+        with self._lock:
+            self._notices.append(notice)
+        if self._wakeup is not None:
+            self._wakeup()
+        return notice
+
+    def take(self) -> list[InterruptionNotice]:
+        with self._lock:
+            taken, self._notices = self._notices, []
+        return taken
+
+
+class InboxServer:
+    def __init__(
+        self, inbox: NoticeInbox, token: str, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.inbox = inbox
+        self._token = token.encode()
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="notice-inbox", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _authorised(self, header: str | None) -> bool:
+        if not header or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[len("Bearer ") :].encode(), self._token)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                """Requests are not logged: the notice is, once accepted."""
+
+            def _reply(self, status: int, payload: dict[str, Any]) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                if self.path != "/v1/notices":
+                    self._reply(404, {"error": "not found"})
+                    return
+                if not server._authorised(self.headers.get("Authorization")):
+                    server.inbox.rejected += 1
+                    self._reply(401, {"error": "a valid bearer token is required"})
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_BODY:
+                    self._reply(413, {"error": "body too large"})
+                    return
+                try:
+                    body = NoticeBody.model_validate_json(self.rfile.read(length))
+                except ValidationError as exc:
+                    server.inbox.rejected += 1
+                    self._reply(400, {"error": exc.errors()[0]["msg"]})
+                    return
+                notice = server.inbox.post(body)
+                log.info("notice from %s: %s %s", body.source, notice.kind, notice.instance_id)
+                self._reply(202, {"accepted": notice.instance_id})
+
+        return Handler

@@ -1,0 +1,41 @@
+"""The controller's Prometheus metrics, named ``gpu_autoscaler_*`` after the Prometheus
+conventions. One ``Metrics`` object per controller, on its own registry, so tests and several
+controllers in one process never share series."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.source_up = Gauge(
+            "gpu_autoscaler_source_up",
+            "1 when the source answered on the last tick, 0 when it failed",
+            ["kind", "source"],
+            registry=self.registry,
+        )
+        self.source_errors = Counter(
+            "gpu_autoscaler_source_errors",
+            "Ticks on which the source failed",
+            ["kind", "source"],
+            registry=self.registry,
+        )
+        self.demand_known = Gauge(
+            "gpu_autoscaler_demand_known",
+            "1 when every queue source answered on the last tick (scale-down is held while 0)",
+            registry=self.registry,
+        )
+        self.pending_gpus = Gauge(
+            "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=self.registry
+        )
+        self.ticks = Counter(
+            "gpu_autoscaler_ticks", "Ticks by outcome", ["outcome"], registry=self.registry
+        )
+        self.tick_seconds = Histogram(
+            "gpu_autoscaler_tick_duration_seconds",
+            "Wall time of a tick",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
