@@ -167,6 +167,9 @@ class DemandGroup(Frozen):
     checkpoint_interval_s: float | None = None
     high_priority: bool = False
     gpu_model: str | None = None
+    partition: str | None = Field(
+        default=None, description="the queue or partition the jobs wait in, if the source has one"
+    )
     oldest_submit_time: float
 
     @property

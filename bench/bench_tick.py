@@ -416,7 +416,7 @@ def install_probes(ctl: Controller, probes: Probes) -> None:
     probes.wrap(ctl.observer, "observe", "observe")
     probes.wrap(ctl.table, "sync", "  table.sync")
     probes.wrap(ctl.history, "expose", "  history.expose")
-    probes.wrap(observer.queue_sources[0], "read", "  queue read = aggregate(100k jobs)")
+    probes.wrap(observer.signals.queues[0], "read", "  queue read = aggregate(100k jobs)")
     probes.wrap(observer, "_read_nodes", "  node source read")
     probes.wrap(observer, "_cloud_nodes", "  _cloud_nodes (CloudNode per instance)")
     probes.wrap(observer, "_pool_views", "  _pool_views")

@@ -90,15 +90,15 @@ class WorkloadScheduler(Protocol):
         ...
 
 
-GroupKey = tuple[int, float | None, bool, str | None]
+GroupKey = tuple[int, float | None, bool, str | None, str | None]
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
-    """Fold pending jobs into demand groups: same shape, same checkpoint interval, same class."""
+    """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
     counts: dict[GroupKey, int] = {}
     oldest: dict[GroupKey, float] = {}
     for job in jobs:
-        key = (job.gpus, job.checkpoint_interval_s, job.high_priority, job.gpu_model)
+        key = (job.gpus, job.checkpoint_interval_s, job.high_priority, job.gpu_model, job.partition)
         submitted = job.submit_time
         if key in counts:
             counts[key] += 1
@@ -113,11 +113,12 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
             checkpoint_interval_s=key[1],
             high_priority=key[2],
             gpu_model=key[3],
+            partition=key[4],
             oldest_submit_time=oldest[key],
         )
         for key in sorted(counts, key=_group_order)
     ]
 
 
-def _group_order(key: GroupKey) -> tuple[int, float, bool, str]:
-    return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "")
+def _group_order(key: GroupKey) -> tuple[int, float, bool, str, str]:
+    return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "", key[4] or "")
