@@ -5,4 +5,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest_plugins = ["aws_support", "gcp_emulator", "azure_emulator"]
+pytest_plugins = [
+    "aws_support",
+    "gcp_emulator",
+    "azure_emulator",
+    "slurm_cluster",
+    "redis_server",
+    "prometheus_server",
+    "metadata_servers",
+]

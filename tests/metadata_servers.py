@@ -1,0 +1,1 @@
+"""Pytest fixtures (being written)."""
