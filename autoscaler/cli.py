@@ -138,19 +138,40 @@ def _run(args: argparse.Namespace) -> int:
     from autoscaler.clock import SystemClock
     from autoscaler.config import load_config
     from autoscaler.controller import Controller
+    from autoscaler.metrics import Metrics, MetricsServer
     from autoscaler.policy import load_policy
-    from autoscaler.runner import Runner
-    from autoscaler.wiring import build_providers, build_sources
+    from autoscaler.runner import Background, Runner
+    from autoscaler.wiring import build_inbox, build_providers, build_signals
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    where = str(args.config)
     config = load_config(args.config)
-    policy = load_policy(config.policy.name, config.policy.params, where=str(args.config))
-    providers = build_providers(config, where=str(args.config))
-    sources = build_sources(config)
-    controller = Controller(config, policy, providers, SystemClock(), sources)
-    return Runner(controller, providers).run(max_ticks=args.ticks)
+    clock = SystemClock()
+    policy = load_policy(config.policy.name, config.policy.params, where=where)
+    providers = build_providers(config, where=where)
+    wiring = build_signals(config, where=where)
+    background: list[Background] = []
+    inbox = build_inbox(config, clock, where=where)
+    if inbox is not None:
+        wiring.signals.notices = (*wiring.signals.notices, inbox.inbox)
+        background.append(inbox)
+    metrics = Metrics()
+    if config.metrics is not None:
+        background.append(
+            MetricsServer(metrics.registry, config.metrics.listen.host, config.metrics.listen.port)
+        )
+    controller = Controller(
+        config,
+        policy,
+        providers,
+        clock,
+        scheduler=wiring.scheduler,
+        signals=wiring.signals,
+        metrics=metrics,
+    )
+    return Runner(controller, providers, background).run(max_ticks=args.ticks)
 
 
 def _agent(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,61 @@ class PolicyConfig(Frozen):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class SourceRole(StrEnum):
+    QUEUE = "queue"
+    NODES = "nodes"
+    TELEMETRY = "telemetry"
+    SCHEDULER = "scheduler"
+
+
 class SourceConfig(Frozen):
-    """A queue source: which kind (an entry point in ``gpu_autoscaler.sources``) and its settings,
-    which the source checks itself."""
+    """A source: which kind (an entry point in ``gpu_autoscaler.sources``) and its settings, which
+    the source checks itself. One source may play several roles (Slurm is a queue, the node source
+    and the scheduler); ``roles`` narrows them, and by default it plays every role it can."""
 
     kind: str
     name: str | None = None
+    roles: tuple[SourceRole, ...] | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class TelemetryConfig(Frozen):
+    """How GPU readings become the utilisation and idle time a policy sees: a GPU is idle below
+    ``idle_util_pct``; utilisation is the mean over ``window_s``; a node with no reading newer
+    than ``max_age_s`` is unknown (never idle)."""
+
+    idle_util_pct: NonNegativeFloat = 5.0
+    window_s: PositiveFloat = 600.0
+    max_age_s: PositiveFloat = 180.0
+
+
+class Listen(Frozen):
+    host: str = "0.0.0.0"
+    port: int = Field(ge=0, le=65535)
+
+
+class InboxConfig(Frozen):
+    """Where node agents post the interruption notices they read on the node. The shared token
+    comes from the environment variable ``token_env`` or from ``token_file``, never from the
+    config itself; TLS when ``tls_cert`` and ``tls_key`` are set."""
+
+    listen: Listen = Listen(port=8081)
+    token_env: str = "GPU_AUTOSCALER_TOKEN"
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_tls_files(self) -> InboxConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both or neither")
+        return self
+
+
+class MetricsConfig(Frozen):
+    """Where the controller serves its Prometheus metrics (``/metrics``)."""
+
+    listen: Listen = Listen(port=9108)
 
 
 class ControllerConfig(Frozen):
@@ -56,6 +105,9 @@ class ControllerConfig(Frozen):
     policy: PolicyConfig = PolicyConfig()
     providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = ()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    inbox: InboxConfig | None = None
+    metrics: MetricsConfig | None = None
     pools: tuple[Pool, ...] = ()
     limits: Limits = Limits()
     capacity_cache_ttl_s: NonNegativeFloat = 300.0

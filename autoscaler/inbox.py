@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from autoscaler.model import InterruptionNotice, NoticeKind
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
+REQUEST_TIMEOUT_S = 10.0
 
 
 class NoticeBody(BaseModel):
@@ -70,24 +72,46 @@ class NoticeInbox:
 
 
 class InboxServer:
+    """Serves the inbox over HTTP, or HTTPS with ``tls``. The TLS handshake runs in each
+    connection's own thread (not in accept) and every request has a timeout, so a slow or stuck
+    client never holds up an agent with a notice to deliver."""
+
     def __init__(
-        self, inbox: NoticeInbox, token: str, host: str = "127.0.0.1", port: int = 0
+        self,
+        inbox: NoticeInbox,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        if not token:
+            raise ValueError("the notice inbox needs a non-empty token")
         self.inbox = inbox
         self._token = token.encode()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, wakeup: Callable[[], None] | None = None) -> None:
+        """Serve from a daemon thread; each accepted notice calls ``wakeup`` (the run loop's)."""
+        self.inbox.start(wakeup)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="notice-inbox", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="notice-inbox",
+            daemon=True,
         )
         self._thread.start()
 
-    def stop(self) -> None:
-        self._server.shutdown()
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread = None
         self._server.server_close()
 
     def _authorised(self, header: str | None) -> bool:
@@ -99,6 +123,8 @@ class InboxServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def log_message(self, format: str, *args: Any) -> None:
                 """Requests are not logged: the notice is, once accepted."""
 

@@ -4,7 +4,10 @@ controllers in one process never share series."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class Metrics:
@@ -39,3 +42,24 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+
+
+class MetricsServer:
+    """Serves a registry on ``/metrics`` from a daemon thread, for as long as the run loop runs."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self.registry = registry
+        self.host = host
+        self.requested_port = port
+        self.port = port
+        self._server: WSGIServer | None = None
+
+    def start(self, wakeup: Callable[[], None] | None = None) -> None:
+        self._server, _ = start_http_server(self.requested_port, self.host, self.registry)
+        self.port = self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,5 +1,6 @@
-"""The long-running controller: a tick every ``tick_seconds``, or sooner when a provider wakes it
-with an interruption notice; SIGTERM or SIGINT end the loop after the tick in flight."""
+"""The long-running controller: a tick every ``tick_seconds``, or sooner when a provider or the
+node agents' inbox wakes it with an interruption notice; SIGTERM or SIGINT end the loop after the
+tick in flight."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import Protocol
 
 from autoscaler.controller import Controller, TickReport
 from autoscaler.errors import describe
@@ -17,10 +19,24 @@ from autoscaler.provider import Provider
 log = logging.getLogger(__name__)
 
 
+class Background(Protocol):
+    """Runs beside the loop (the notice inbox, the metrics endpoint) and may wake it."""
+
+    def start(self, wakeup: Callable[[], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Runner:
-    def __init__(self, controller: Controller, providers: Mapping[str, Provider]) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        providers: Mapping[str, Provider],
+        background: Sequence[Background] = (),
+    ) -> None:
         self.controller = controller
         self.providers = providers
+        self.background = background
         self.stopping = threading.Event()
         self._wake = threading.Event()
 
@@ -33,13 +49,17 @@ class Runner:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
-        for provider in self.providers.values():
-            start = getattr(provider, "start", None)
-            if callable(start):
-                start(self._wake.set)
         period = self.controller.config.tick_seconds
         done = 0
+        started_background: list[Background] = []
         try:
+            for provider in self.providers.values():
+                start = getattr(provider, "start", None)
+                if callable(start):
+                    start(self._wake.set)
+            for service in self.background:
+                service.start(self._wake.set)
+                started_background.append(service)
             while not self.stopping.is_set() and (max_ticks is None or done < max_ticks):
                 started = time.monotonic()
                 self._wake.clear()
@@ -49,6 +69,8 @@ class Runner:
                     break
                 self._wake.wait(max(0.0, period - (time.monotonic() - started)))
         finally:
+            for service in started_background:
+                service.close()
             for provider in self.providers.values():
                 close = getattr(provider, "close", None)
                 if callable(close):

@@ -1,19 +1,27 @@
-"""Building the live controller's parts from its config: providers and queue sources are found
-through their entry point groups, and each checks its own settings.
+"""Building the live controller's parts from its config: providers and sources are found through
+their entry point groups, and each checks its own settings.
 
-A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; a queue source
-class ``from_config(settings, name) -> QueueSource``. Both raise ``InputError`` naming the field.
+A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; a source class
+``from_config(settings, name)``, returning an object whose methods say which roles it can play
+(queue, node source, telemetry, scheduler). Both raise ``InputError`` naming the field.
 """
 
 from __future__ import annotations
 
+import os
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
-from autoscaler.config import ControllerConfig
+from autoscaler.clock import Clock
+from autoscaler.config import ControllerConfig, SourceRole
 from autoscaler.errors import InputError
+from autoscaler.inbox import InboxServer, NoticeInbox
+from autoscaler.observe import Signals
 from autoscaler.policy import PROVIDER_GROUP, load_entry_point
 from autoscaler.provider import Provider
-from autoscaler.sources import QueueSource
+from autoscaler.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
+from autoscaler.telemetry import IdleTracker
 
 SOURCE_GROUP = "gpu_autoscaler.sources"
 
@@ -35,9 +43,114 @@ def build_providers(config: ControllerConfig, where: str = "config") -> dict[str
     return providers
 
 
-def build_sources(config: ControllerConfig) -> list[QueueSource]:
-    sources: list[QueueSource] = []
+@dataclass
+class Wiring:
+    """What the configured sources give the controller: the signals observe reads, and the
+    workload scheduler act drains and requeues through."""
+
+    signals: Signals
+    scheduler: WorkloadScheduler | None = None
+
+
+ROLE_TYPES: dict[SourceRole, type] = {
+    SourceRole.QUEUE: QueueSource,
+    SourceRole.NODES: NodeSource,
+    SourceRole.TELEMETRY: TelemetrySource,
+    SourceRole.SCHEDULER: WorkloadScheduler,
+}
+
+
+def build_signals(config: ControllerConfig, where: str = "config") -> Wiring:
+    queues: list[QueueSource] = []
+    telemetry: list[TelemetrySource] = []
+    nodes: list[tuple[str, NodeSource]] = []
+    schedulers: list[tuple[str, WorkloadScheduler]] = []
     for index, spec in enumerate(config.sources):
+        field = f"sources[{index}]"
+        name = spec.name or f"{spec.kind}-{index}"
         cls: Any = load_entry_point(SOURCE_GROUP, spec.kind, "source")
-        sources.append(cls.from_config(spec.settings, spec.name or f"{spec.kind}-{index}"))
-    return sources
+        source = cls.from_config(spec.settings, name)
+        able = {role for role, kind in ROLE_TYPES.items() if isinstance(source, kind)}
+        roles = set(spec.roles) if spec.roles is not None else able
+        if roles - able:
+            raise InputError(
+                where,
+                f"a {spec.kind} source cannot be "
+                + ", ".join(sorted(r.value for r in roles - able))
+                + f"; it can be {', '.join(sorted(r.value for r in able)) or 'nothing'}",
+                field=f"{field}.roles",
+            )
+        if SourceRole.QUEUE in roles:
+            queues.append(source)
+        if SourceRole.TELEMETRY in roles:
+            telemetry.append(source)
+        if SourceRole.NODES in roles:
+            nodes.append((field, source))
+        if SourceRole.SCHEDULER in roles:
+            schedulers.append((field, source))
+    for role, chosen in (("node source", nodes), ("scheduler", schedulers)):
+        if len(chosen) > 1:
+            raise InputError(
+                where,
+                f"only one source may be the {role}; {chosen[0][0]} and {chosen[1][0]} both are "
+                "(narrow one with roles)",
+                field=f"{chosen[1][0]}.roles",
+            )
+    tracker = IdleTracker(
+        config.telemetry.idle_util_pct, config.telemetry.window_s, config.telemetry.max_age_s
+    )
+    signals = Signals(
+        queues=tuple(queues),
+        nodes=nodes[0][1] if nodes else None,
+        telemetry=tuple(telemetry),
+        tracker=tracker,
+    )
+    return Wiring(signals, schedulers[0][1] if schedulers else None)
+
+
+def build_inbox(
+    config: ControllerConfig, clock: Clock, where: str = "config"
+) -> InboxServer | None:
+    """The node agents' notice inbox, when configured; its token is read from the file or the
+    environment now, so a missing token stops the start with one line instead of a silent inbox
+    that refuses every agent."""
+    settings = config.inbox
+    if settings is None:
+        return None
+    if settings.token_file is not None:
+        try:
+            token = settings.token_file.read_text().strip()
+        except OSError as exc:
+            raise InputError(
+                where, f"cannot read the token file: {exc.strerror}", field="inbox.token_file"
+            ) from None
+        field = "inbox.token_file"
+    else:
+        token = os.environ.get(settings.token_env, "").strip()
+        field = "inbox.token_env"
+    if not token:
+        source = (
+            f"the file {settings.token_file}"
+            if settings.token_file is not None
+            else f"the environment variable {settings.token_env}"
+        )
+        raise InputError(where, f"the notice inbox needs a token; {source} is empty", field=field)
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            tls.load_cert_chain(settings.tls_cert, settings.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise InputError(
+                where, f"cannot load the TLS certificate and key: {exc}", field="inbox.tls_cert"
+            ) from None
+    try:
+        return InboxServer(
+            NoticeInbox(clock), token, settings.listen.host, settings.listen.port, tls
+        )
+    except OSError as exc:
+        raise InputError(
+            where,
+            f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}",
+            field="inbox.listen",
+        ) from None
