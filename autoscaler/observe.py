@@ -187,6 +187,10 @@ class Observer:
             except Exception as exc:
                 status[("telemetry", telemetry.name)] = False
                 errors.append(f"telemetry {telemetry.name}: {describe(exc)}")
+            targets = getattr(telemetry, "target_status", None)
+            if callable(targets):
+                for url, problem in targets().items():
+                    status[("target", f"{telemetry.name} {url}")] = problem is None
         if not self.signals.telemetry:
             return reading
         measured = tracker.nodes(now)

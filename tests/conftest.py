@@ -13,4 +13,5 @@ pytest_plugins = [
     "redis_server",
     "prometheus_server",
     "metadata_servers",
+    "exporter_server",
 ]
