@@ -98,3 +98,15 @@ def test_what_is_written_is_read_back(rows: list[tuple[str, int, float]]) -> Non
     assert parsed.keys() == {(host, str(gpu)) for host, gpu, _ in rows}
     for host, gpu, util in rows:
         assert math.isclose(parsed[(host, str(gpu))], util)
+
+
+@pytest.mark.parametrize("sample", ["agent-fake-2gpu.txt", "dcgm-exporter-sample.txt"])
+def test_our_agent_and_dcgm_exporter_read_the_same_way(sample: str) -> None:
+    text = (Path(__file__).parent / "data" / "dcgm" / sample).read_text()
+    samples = parse_gpu_samples(text, at=7.0)
+    assert samples, "every GPU in the sample gives a reading"
+    for reading in samples:
+        assert reading.host and reading.uuid and reading.uuid.startswith("GPU-")
+        assert reading.model and 0.0 <= reading.util_pct <= 100.0
+        assert reading.memory_used_mib is not None
+    assert len({(s.host, s.gpu) for s in samples}) == len(samples)

@@ -20,7 +20,8 @@ FB_USED = "DCGM_FI_DEV_FB_USED"
 WANTED = (UTIL, FB_USED)
 
 _SAMPLE = re.compile(r"(?:\{(?P<labels>.*)\})?\s+(?P<rest>\S.*)$")
-_LABEL_BLOCK = re.compile(r'^\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*=\s*"[^"\\]*(?:\\.[^"\\]*)*"\s*(?:,\s*|$))*$')
+_VALUE = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_LABEL_BLOCK = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*=\s*" + _VALUE + r"\s*(?:,\s*|$))*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
