@@ -1,0 +1,523 @@
+"""Reading ``squeue --json`` and ``sinfo --json`` (Slurm 22.05, OpenAPI v0.0.38) into demand and
+nodes.
+
+A busy cluster's queue is 100,000 jobs and a quarter of a gigabyte of JSON every tick, so jobs are
+read with targeted dictionary access and folded straight into counts; pydantic is kept for the
+settings and the few values handed on. The strings that describe a job's shape (``tres_per_node``,
+the comment, the array range) repeat across thousands of jobs, so each distinct one is parsed once
+per document.
+
+One job whose fields we cannot read fails the whole read rather than being skipped: Slurm validated
+every job at submission, so a value we cannot read means our reading of the format is wrong (a new
+Slurm release, a plugin's gres syntax), and skipping it would silently undercount demand, which the
+controller would act on as if it were true. A failed read leaves demand unknown for the tick, which
+holds scale-down and is reported with the job and field named. A job's ``--comment`` is different:
+it is the user's free text, so a checkpoint hint we cannot read makes that job non-checkpointable
+(it stays off spot) instead of failing everyone's demand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgspec
+
+from autoscaler.model import DemandGroup, Job, OnPremNode
+from autoscaler.sources import GroupKey, SourceError
+
+PENDING = "PENDING"
+ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
+UNSCHEDULABLE_STATES = frozenset({"down", "error", "future", "unknown", "drained"})
+UNSCHEDULABLE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "DRAINING",
+        "DRAINED",
+        "FAIL",
+        "FAILING",
+        "NOT_RESPONDING",
+        "MAINTENANCE",
+        "POWERING_DOWN",
+        "REBOOT_ISSUED",
+        "REBOOT_REQUESTED",
+    }
+)
+_COMMENT_SEPARATORS = re.compile(r"[\s,;]+")
+
+
+class BadFieldError(Exception):
+    """A field of one job or node we cannot read; the caller adds the document and the id."""
+
+
+@dataclass(frozen=True)
+class DemandRules:
+    """Which pending jobs are demand, and how a job says it checkpoints or is urgent."""
+
+    partitions: frozenset[str] | None = None
+    ignored_reasons: frozenset[str] = frozenset()
+    ignored_reason_prefixes: tuple[str, ...] = ()
+    high_priority_min: int | None = None
+    high_priority_qos: frozenset[str] = frozenset()
+    gpu_models: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration")
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    interval_s: float | None
+    duration_s: float | None
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node as ``sinfo`` reports it, reduced to what the controller plans with."""
+
+    name: str
+    gpus: int
+    gpus_allocated: int
+    gpu_model: str | None
+    schedulable: bool
+    cloud: bool
+
+
+def load_document(text: str | bytes, command: str, key: str) -> list[Any]:
+    """The list under ``key`` of a Slurm JSON document, or one ``SourceError`` line."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise SourceError(f"{command}: output is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise SourceError(f"{command}: output is a JSON {type(document).__name__}, not an object")
+    errors = document.get("errors")
+    if errors:
+        first = errors[0]
+        detail = first.get("error", first) if isinstance(first, dict) else first
+        raise SourceError(f"{command}: Slurm reported an error: {detail}")
+    items = document.get(key)
+    if not isinstance(items, list):
+        raise SourceError(f"{command}: output has no '{key}' list")
+    return items
+
+
+class SqueueJob(msgspec.Struct):
+    """The fields of a job we read, and nothing else: the other hundred or so fields of each job
+    are skipped by the decoder without becoming Python objects, which is what makes a 250 MB
+    document readable within a tick. Types stay open (``Any``) because Slurm releases change
+    them (an integer becomes ``{"number": ..., "set": ...}``); the field readers check them."""
+
+    job_id: Any = msgspec.UNSET
+    job_state: Any = msgspec.UNSET
+    state_reason: Any = msgspec.UNSET
+    partition: Any = msgspec.UNSET
+    tres_per_job: Any = msgspec.UNSET
+    tres_per_node: Any = msgspec.UNSET
+    node_count: Any = msgspec.UNSET
+    tres_per_task: Any = msgspec.UNSET
+    tasks: Any = msgspec.UNSET
+    comment: Any = msgspec.UNSET
+    priority: Any = msgspec.UNSET
+    qos: Any = msgspec.UNSET
+    array_task_string: Any = msgspec.UNSET
+    array_max_tasks: Any = msgspec.UNSET
+    submit_time: Any = msgspec.UNSET
+    job_resources: Any = msgspec.UNSET
+    nodes: Any = msgspec.UNSET
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """``dict.get``'s meaning: ``default`` only when the field is absent, not when null."""
+        value = getattr(self, name, msgspec.UNSET)
+        return default if value is msgspec.UNSET else value
+
+
+class _SqueueDocument(msgspec.Struct):
+    jobs: list[SqueueJob]
+    errors: Any = msgspec.UNSET
+
+
+_SQUEUE_DECODER = msgspec.json.Decoder(_SqueueDocument)
+Fields = SqueueJob | Mapping[str, Any]
+
+
+def load_jobs(text: str | bytes) -> list[SqueueJob] | list[Any]:
+    """The jobs of ``squeue --json``. A document the fast decoder refuses is read again with the
+    standard library, whose result gives the one-line error that names what is wrong."""
+    try:
+        document = _SQUEUE_DECODER.decode(text)
+    except msgspec.DecodeError:
+        return load_document(text, "squeue --json", "jobs")
+    if document.errors not in (msgspec.UNSET, None, []):
+        return load_document(text, "squeue --json", "jobs")
+    return document.jobs
+
+
+def parse_checkpointing(
+    comment: str, keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration")
+) -> Checkpointing:
+    """``checkpoint_interval=600 checkpoint_duration=30`` in a job's ``--comment`` (seconds,
+    separated by spaces, commas or semicolons)."""
+    interval_key, duration_key = keys
+    values: dict[str, float] = {}
+    for token in _COMMENT_SEPARATORS.split(comment):
+        key, sep, raw = token.partition("=")
+        if not sep or key not in keys:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            values[key] = value
+    interval = values.get(interval_key)
+    duration = values.get(duration_key)
+    if interval is None or interval <= 0:
+        return Checkpointing(None, None)
+    return Checkpointing(interval, duration if duration is not None and duration >= 0 else None)
+
+
+def parse_gpu_gres(text: str) -> tuple[int, str | None]:
+    """GPUs and model in a TRES or gres string (``gres:gpu:a100:2,gres:nic:1``); (0, None) when
+    it asks for no GPU. Raises ``BadFieldError`` for a GPU entry whose count is not a number."""
+    total = 0
+    model: str | None = None
+    for item in text.split(","):
+        entry = item.strip()
+        if entry.startswith(("gres:", "gres/")):
+            entry = entry[5:]
+        parts = entry.split("(", 1)[0].split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) == 1:
+            count, found = "1", None
+        elif len(parts) == 2:
+            count, found = (parts[1], None) if parts[1].isdigit() else ("1", parts[1])
+        elif len(parts) == 3:
+            count, found = parts[2], parts[1]
+        else:
+            raise BadFieldError(f"'{text}' is not a GPU count")
+        if not count.isdigit():
+            raise BadFieldError(f"'{text}' is not a GPU count")
+        total += int(count)
+        model = model or found or None
+    return total, model
+
+
+def count_array_tasks(spec: str, throttle: int) -> int:
+    """Pending tasks of an array record (``0-99:2%8``): at most the throttle can start at once,
+    so more than that is not demand capacity can serve this tick."""
+    if not spec:
+        return 1
+    ranges, _, limit = spec.partition("%")
+    count = 0
+    for part in ranges.split(","):
+        span, _, step_text = part.partition(":")
+        first, _, last = span.partition("-")
+        step = int(step_text) if step_text else 1
+        if step <= 0:
+            raise ValueError(part)
+        count += 1 if not last else (int(last) - int(first)) // step + 1
+    cap = int(limit) if limit else throttle
+    return min(count, cap) if cap > 0 else count
+
+
+class _Memo:
+    """Per-document caches of the repeated strings' meanings."""
+
+    def __init__(self, rules: DemandRules) -> None:
+        self.rules = rules
+        self.gres: dict[str, tuple[int, str | None]] = {}
+        self.comments: dict[str, Checkpointing] = {}
+        self.arrays: dict[tuple[str, int], int] = {}
+        self.partitions: dict[str, bool] = {}
+        self.reasons: dict[str, bool] = {}
+
+    def gpus(self, text: str) -> tuple[int, str | None]:
+        found = self.gres.get(text)
+        if found is None:
+            count, model = parse_gpu_gres(text)
+            found = (count, self.rules.gpu_models.get(model, model) if model else None)
+            self.gres[text] = found
+        return found
+
+    def checkpointing(self, comment: str) -> Checkpointing:
+        found = self.comments.get(comment)
+        if found is None:
+            found = self.comments[comment] = parse_checkpointing(
+                comment, self.rules.checkpoint_keys
+            )
+        return found
+
+    def array_tasks(self, spec: str, throttle: int) -> int:
+        found = self.arrays.get((spec, throttle))
+        if found is None:
+            try:
+                found = count_array_tasks(spec, throttle)
+            except ValueError:
+                raise BadFieldError(f"array_task_string '{spec}' is not an array range") from None
+            self.arrays[(spec, throttle)] = found
+        return found
+
+    def counts_partition(self, partition: str) -> bool:
+        found = self.partitions.get(partition)
+        if found is None:
+            wanted = self.rules.partitions
+            found = wanted is None or any(p in wanted for p in partition.split(","))
+            self.partitions[partition] = found
+        return found
+
+    def is_demand_reason(self, reason: str) -> bool:
+        found = self.reasons.get(reason)
+        if found is None:
+            found = reason not in self.rules.ignored_reasons and not reason.startswith(
+                self.rules.ignored_reason_prefixes
+            )
+            self.reasons[reason] = found
+        return found
+
+
+class PendingJob(NamedTuple):
+    """A pending GPU job's shape, before it becomes a ``Job`` or a count in a group (a tuple:
+    100,000 of them are made every tick)."""
+
+    id: str
+    key: GroupKey
+    submit_time: float
+    copies: int
+    checkpoint_duration_s: float | None
+
+
+def _int_field(job: Fields, name: str, default: int | None = None) -> int:
+    value = job.get(name, default)
+    if isinstance(value, dict):
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadFieldError(f"{name} {value!r} is not an integer")
+    return value
+
+
+def _str_field(job: Fields, name: str) -> str:
+    value = job.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadFieldError(f"{name} {value!r} is not a string")
+    return value
+
+
+def _is_pending(state: Any) -> bool:
+    if isinstance(state, str):
+        return state == PENDING
+    if isinstance(state, list):
+        return PENDING in state
+    raise BadFieldError(f"job_state {state!r} is not a state")
+
+
+def _job_gpus(job: Fields, memo: _Memo) -> tuple[int, str | None]:
+    """GPUs the whole job asks for: per job, else per node times nodes, else per task times
+    tasks (how ``--gpus``, ``--gres``/``--gpus-per-node`` and ``--gpus-per-task`` land)."""
+    for name, multiplier in (("tres_per_job", None), ("tres_per_node", "node_count")):
+        gpus, model = _gres_field(job, name, memo)
+        if gpus:
+            return gpus * (max(1, _int_field(job, multiplier, 1)) if multiplier else 1), model
+    gpus, model = _gres_field(job, "tres_per_task", memo)
+    if gpus:
+        return gpus * max(1, _int_field(job, "tasks", 1)), model
+    return 0, None
+
+
+def _gres_field(job: Fields, name: str, memo: _Memo) -> tuple[int, str | None]:
+    text = _str_field(job, name)
+    if not text:
+        return 0, None
+    try:
+        return memo.gpus(text)
+    except BadFieldError as exc:
+        raise BadFieldError(f"{name} {exc}") from None
+
+
+def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
+    """Every pending GPU job that more capacity could start, with its group key."""
+    memo = _Memo(rules)
+    qos_high = rules.high_priority_qos
+    priority_min = rules.high_priority_min
+    for job in jobs:
+        try:
+            if not isinstance(job, SqueueJob | dict):
+                raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
+            if not _is_pending(job.get("job_state")):
+                continue
+            if not memo.is_demand_reason(_str_field(job, "state_reason")):
+                continue
+            partition = _str_field(job, "partition")
+            if not memo.counts_partition(partition):
+                continue
+            gpus, model = _job_gpus(job, memo)
+            if gpus <= 0:
+                continue
+            checkpointing = memo.checkpointing(_str_field(job, "comment"))
+            high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
+                bool(qos_high) and _str_field(job, "qos") in qos_high
+            )
+            copies = memo.array_tasks(
+                _str_field(job, "array_task_string"), _int_field(job, "array_max_tasks", 0)
+            )
+            submitted = _int_field(job, "submit_time")
+        except BadFieldError as exc:
+            ident = job.get("job_id", "?") if isinstance(job, SqueueJob | dict) else "?"
+            raise SourceError(f"squeue --json: job {ident}: {exc}") from None
+        yield PendingJob(
+            str(job.get("job_id")),
+            (gpus, checkpointing.interval_s, high, model, partition or None),
+            float(submitted),
+            copies,
+            checkpointing.duration_s,
+        )
+
+
+def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
+    """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them."""
+    counts: dict[GroupKey, int] = {}
+    oldest: dict[GroupKey, float] = {}
+    for item in pending:
+        key = item.key
+        if key in counts:
+            counts[key] += item.copies
+            oldest[key] = min(oldest[key], item.submit_time)
+        else:
+            counts[key] = item.copies
+            oldest[key] = item.submit_time
+    return [
+        DemandGroup.model_construct(
+            gpus_per_job=key[0],
+            jobs=counts[key],
+            checkpoint_interval_s=key[1],
+            high_priority=key[2],
+            gpu_model=key[3],
+            partition=key[4],
+            oldest_submit_time=oldest[key],
+        )
+        for key in sorted(counts, key=_group_order)
+    ]
+
+
+def _group_order(key: GroupKey) -> tuple[int, float, bool, str, str]:
+    return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "", key[4] or "")
+
+
+def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:
+    return fold(iter_pending(load_jobs(text), rules))
+
+
+def pending_jobs(text: str | bytes, rules: DemandRules) -> list[Job]:
+    """The pending GPU jobs one by one (an array record becomes one ``Job`` per task)."""
+    jobs: list[Job] = []
+    for item in iter_pending(load_jobs(text), rules):
+        gpus, interval, high, model, partition = item.key
+        for copy in range(item.copies):
+            jobs.append(
+                Job.model_construct(
+                    id=item.id if item.copies == 1 else f"{item.id}_{copy}",
+                    gpus=gpus,
+                    submit_time=item.submit_time,
+                    high_priority=high,
+                    checkpoint_interval_s=interval,
+                    checkpoint_duration_s=item.checkpoint_duration_s,
+                    gpu_model=model,
+                    partition=partition,
+                )
+            )
+    return jobs
+
+
+def _job_nodes(job: Fields) -> list[str]:
+    resources = job.get("job_resources")
+    if isinstance(resources, dict):
+        allocated = resources.get("allocated_nodes")
+        if isinstance(allocated, list):
+            names = [n.get("nodename") for n in allocated if isinstance(n, dict)]
+            return [n for n in names if isinstance(n, str)]
+    nodes = job.get("nodes")
+    return nodes.split(",") if isinstance(nodes, str) and nodes else []
+
+
+def active_jobs_on(text: str | bytes, node: str) -> list[str]:
+    """Ids of the jobs running (or finishing) on ``node``."""
+    found = []
+    for job in load_jobs(text):
+        if not isinstance(job, SqueueJob | dict):
+            raise SourceError("squeue --json: a job is not a JSON object")
+        state = job.get("job_state")
+        states = state if isinstance(state, list) else [state]
+        if any(s in ACTIVE_STATES for s in states) and node in _job_nodes(job):
+            found.append(str(job.get("job_id")))
+    return found
+
+
+def _node(item: Any, cloud_feature: str, model_names: Callable[[str], str]) -> NodeGpus:
+    if not isinstance(item, dict):
+        raise BadFieldError(f"is a JSON {type(item).__name__}, not an object")
+    name = _str_field(item, "name")
+    if not name:
+        raise BadFieldError("has no name")
+    try:
+        gpus, model = parse_gpu_gres(_str_field(item, "gres"))
+        used, _ = parse_gpu_gres(_str_field(item, "gres_used"))
+    except BadFieldError as exc:
+        raise BadFieldError(f"gres: {exc}") from None
+    state = _str_field(item, "state").lower()
+    flags = item.get("state_flags") or []
+    if not isinstance(flags, list):
+        raise BadFieldError(f"state_flags {flags!r} is not a list")
+    features = _str_field(item, "features").split(",")
+    schedulable = state not in UNSCHEDULABLE_STATES and not UNSCHEDULABLE_FLAGS.intersection(flags)
+    return NodeGpus(
+        name=name,
+        gpus=gpus,
+        gpus_allocated=used,
+        gpu_model=model_names(model) if model else None,
+        schedulable=schedulable,
+        cloud=cloud_feature in features,
+    )
+
+
+def read_nodes(
+    text: str | bytes,
+    cloud_feature: str,
+    partitions: frozenset[str] | None = None,
+    gpu_models: Mapping[str, str] | None = None,
+) -> list[NodeGpus]:
+    """GPU nodes from ``sinfo --json``, on-prem and cloud, each once."""
+    names = gpu_models or {}
+    nodes: dict[str, NodeGpus] = {}
+    for item in load_document(text, "sinfo --json", "nodes"):
+        try:
+            node = _node(item, cloud_feature, lambda m: names.get(m, m))
+            in_partition = partitions is None or bool(
+                partitions.intersection(item.get("partitions") or ())
+            )
+        except BadFieldError as exc:
+            ident = item.get("name", "?") if isinstance(item, dict) else "?"
+            raise SourceError(f"sinfo --json: node {ident}: {exc}") from None
+        if (node.gpus > 0 or node.cloud) and (in_partition or node.cloud):
+            nodes[node.name] = node
+    return list(nodes.values())
+
+
+def onprem_nodes(nodes: list[NodeGpus]) -> tuple[OnPremNode, ...]:
+    return tuple(
+        OnPremNode.model_construct(
+            name=n.name,
+            gpus=n.gpus,
+            gpu_model=n.gpu_model,
+            gpus_allocated=min(n.gpus_allocated, n.gpus),
+            gpu_util_pct=None,
+            idle_since=None,
+            schedulable=n.schedulable,
+        )
+        for n in nodes
+        if not n.cloud
+    )
