@@ -1,6 +1,7 @@
 """Run every benchmark, each in its own process, and print a summary table against the targets.
 
-    .venv/bin/python bench/run_all.py [--ticks 40] [--skip-tick] [--skip-replay] [--json OUT]
+    .venv/bin/python bench/run_all.py [--ticks 40] [--skip-tick] [--skip-replay] [--skip-signals]
+        [--json OUT]
 
 Figures only: the exit status is 0 whether or not the targets are met (1 only if a benchmark
 itself fails to run).
@@ -112,6 +113,40 @@ def summary_rows(
     return rows
 
 
+def signal_rows(
+    squeue: dict[str, Any] | None,
+    scrape: dict[str, Any] | None,
+    notice: dict[str, Any] | None,
+) -> list[tuple[str, str, str, str]]:
+    rows: list[tuple[str, str, str, str]] = []
+    if squeue is not None:
+        _row(
+            rows,
+            f"squeue --json, {squeue['jobs']:,} jobs: parse + fold (median)",
+            f"{squeue['parse_and_fold_median_s']:.2f} s",
+            f"<= {squeue['target_s']:g} s",
+            squeue["target_met"],
+        )
+    if scrape is not None:
+        _row(
+            rows,
+            f"scrape + fold {scrape['nodes']:,} exporters x {scrape['gpus_per_node']} GPUs",
+            f"{scrape['median_s']:.2f} s",
+            f"<= {scrape['target_s']:g} s",
+            scrape["target_met"],
+        )
+    if notice is not None:
+        for cloud, figures in notice.items():
+            _row(
+                rows,
+                f"agent notice -> controller inbox, {cloud} (median)",
+                f"{figures['end_to_end']['median_ms']:.0f} ms",
+                "",
+                None,
+            )
+    return rows
+
+
 def print_table(rows: Sequence[tuple[str, str, str, str]]) -> None:
     header = ("benchmark", "measured", "target", "")
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(4)]
@@ -128,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=40, help="timed ticks in bench_tick")
     parser.add_argument("--skip-tick", action="store_true")
     parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument("--skip-signals", action="store_true", help="squeue, scrape, agent notices")
     parser.add_argument("--json", type=Path, help="also write every figure here as JSON")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
@@ -137,10 +173,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             else _run("bench_tick.py", ["--ticks", str(args.ticks)], Path(scratch))
         )
         replay = None if args.skip_replay else _run("bench_replay.py", [], Path(scratch))
-    print_table(summary_rows(tick, replay))
+        signals: dict[str, dict[str, Any] | None] = {"squeue": None, "scrape": None, "notice": None}
+        if not args.skip_signals:
+            signals["squeue"] = _run("bench_squeue.py", ["--repeat", "3"], Path(scratch))
+            signals["scrape"] = _run("bench_scrape.py", [], Path(scratch))
+            signals["notice"] = _run("bench_agent_notice.py", [], Path(scratch))
+    print_table(summary_rows(tick, replay) + signal_rows(**signals))
     if args.json is not None:
-        args.json.write_text(json.dumps({"tick": tick, "replay": replay}, indent=2))
-    failed = (not args.skip_tick and tick is None) or (not args.skip_replay and replay is None)
+        args.json.write_text(json.dumps({"tick": tick, "replay": replay, **signals}, indent=2))
+    failed = (
+        (not args.skip_tick and tick is None)
+        or (not args.skip_replay and replay is None)
+        or (not args.skip_signals and None in signals.values())
+    )
     return 1 if failed else 0
 
 
