@@ -6,6 +6,9 @@ which the agent's post wakes at once.
 ``{"instance_id": "...", "kind": "terminate" | "rebalance", "deadline": <epoch s or null>,
 "source": "aws-imds"}``; 202 when accepted, 401 for a wrong token, 400 for a body that is not a
 notice. The token is compared in constant time and never logged.
+
+``POST /v1/checkpoints`` with the same token and ``{"job_id": "...", "duration_s": 12.5, "at":
+<epoch s or omitted>, "node": "..."}`` is how a job reports a checkpoint it finished.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from autoscaler.checkpoints import CheckpointBody, CheckpointLedger, CheckpointReport
 from autoscaler.clock import Clock
 from autoscaler.model import InterruptionNotice, NoticeKind
 
@@ -83,10 +87,12 @@ class InboxServer:
         host: str = "127.0.0.1",
         port: int = 0,
         tls: ssl.SSLContext | None = None,
+        checkpoints: CheckpointLedger | None = None,
     ) -> None:
         if not token:
             raise ValueError("the notice inbox needs a non-empty token")
         self.inbox = inbox
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
         self._token = token.encode()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
@@ -137,7 +143,7 @@ class InboxServer:
                 self.wfile.write(body)
 
             def do_POST(self) -> None:
-                if self.path != "/v1/notices":
+                if self.path not in ("/v1/notices", "/v1/checkpoints"):
                     self._reply(404, {"error": "not found"})
                     return
                 if not server._authorised(self.headers.get("Authorization")):
@@ -148,14 +154,27 @@ class InboxServer:
                 if length > MAX_BODY:
                     self._reply(413, {"error": "body too large"})
                     return
+                body = self.rfile.read(length)
                 try:
-                    body = NoticeBody.model_validate_json(self.rfile.read(length))
+                    if self.path == "/v1/notices":
+                        self._notice(NoticeBody.model_validate_json(body))
+                    else:
+                        self._checkpoint(CheckpointBody.model_validate_json(body))
                 except ValidationError as exc:
                     server.inbox.rejected += 1
                     self._reply(400, {"error": exc.errors()[0]["msg"]})
-                    return
+
+            def _notice(self, body: NoticeBody) -> None:
                 notice = server.inbox.post(body)
                 log.info("notice from %s: %s %s", body.source, notice.kind, notice.instance_id)
                 self._reply(202, {"accepted": notice.instance_id})
+
+            def _checkpoint(self, body: CheckpointBody) -> None:
+                at = body.at if body.at is not None else server.inbox.clock.now()
+                server.checkpoints.record(
+                    CheckpointReport(body.job_id, at, body.duration_s, body.node)
+                )
+                log.debug("checkpoint of job %s (%.1f s)", body.job_id, body.duration_s)
+                self._reply(202, {"accepted": body.job_id})
 
         return Handler

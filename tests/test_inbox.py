@@ -211,3 +211,28 @@ def test_half_a_tls_pair_or_a_bad_certificate_is_one_clear_error(
             config(token_env="INBOX_TOKEN", tls_cert=str(bogus), tls_key=str(bogus)),
             ManualClock(1.0),
         )
+
+
+def test_a_checkpoint_report_lands_in_the_ledger(server: InboxServer) -> None:
+    body = json.dumps({"job_id": "4242", "duration_s": 12.5, "node": "i-0abc"}).encode()
+    assert post(server.port, body, path="/v1/checkpoints") == (202, {"accepted": "4242"})
+    stamped = json.dumps({"job_id": "4242", "duration_s": 3.0, "at": 450.0}).encode()
+    assert post(server.port, stamped, path="/v1/checkpoints")[0] == 202
+    assert server.checkpoints.last("4242") == 500.0, "the later of the two reports"
+    assert server.checkpoints.expected_duration("4242") == 12.5
+    assert server.inbox.take() == [], "a checkpoint is not a notice"
+
+
+@pytest.mark.parametrize(
+    ("body", "token", "status"),
+    [
+        (b'{"job_id": "1", "duration_s": 1}', "wrong", 401),
+        (b'{"duration_s": 1}', TOKEN, 400),
+        (b'{"job_id": "1", "duration_s": -4}', TOKEN, 400),
+    ],
+)
+def test_a_bad_checkpoint_report_is_refused(
+    server: InboxServer, body: bytes, token: str, status: int
+) -> None:
+    assert post(server.port, body, token=token, path="/v1/checkpoints")[0] == status
+    assert server.checkpoints.known() == set()

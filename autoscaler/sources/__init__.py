@@ -90,6 +90,33 @@ class WorkloadScheduler(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """A job running on a node, as the scheduler knows it: what an interruption would cost it and
+    how to ask it to checkpoint. ``checkpoint_signal`` is the signal its batch script traps to
+    write a checkpoint now (None: it cannot be asked)."""
+
+    id: str
+    node: str
+    gpus: int
+    started_at: float
+    checkpoint_interval_s: float | None = None
+    checkpoint_duration_s: float | None = None
+    checkpoint_signal: str | None = None
+
+
+@runtime_checkable
+class CheckpointingScheduler(Protocol):
+    """A scheduler that can list a node's jobs, ask one to checkpoint and requeue it: what
+    checkpoint-aware interruption handling needs on top of draining."""
+
+    def running_jobs(self, node: str) -> Sequence[RunningJob]: ...
+
+    def signal(self, job_id: str, signal: str) -> None: ...
+
+    def requeue(self, job_id: str) -> None: ...
+
+
 GroupKey = tuple[int, float | None, bool, str | None, str | None]
 
 

@@ -1,0 +1,84 @@
+"""What the controller knows of each job's checkpoints: when it last saved, and how long saving
+takes it. Jobs report each checkpoint they finish (``POST /v1/checkpoints`` on the controller's
+inbox); the ledger is what an interruption notice is weighed against: a checkpoint that fits
+before the deadline is asked for, one that does not is not waited on.
+
+The expected duration is the largest of the job's recent reports (a checkpoint that took 40 s
+once may take 40 s again; an average would promise a fit that is not there), or what the job
+declared when it has not reported yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+
+RECENT_REPORTS = 5
+
+
+class CheckpointBody(BaseModel):
+    """A job's report of a checkpoint it finished; ``at`` defaults to when it arrived."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str = Field(min_length=1, max_length=256)
+    at: float | None = None
+    duration_s: NonNegativeFloat = 0.0
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    job_id: str
+    at: float
+    duration_s: float
+    node: str | None = None
+
+
+@dataclass
+class _JobCheckpoints:
+    last_at: float
+    durations: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_REPORTS))
+
+
+class CheckpointLedger:
+    """Thread-safe: reports arrive on the inbox's threads, the tick reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _JobCheckpoints] = {}
+        self.reports = 0
+
+    def record(self, report: CheckpointReport) -> None:
+        with self._lock:
+            self.reports += 1
+            entry = self._jobs.get(report.job_id)
+            if entry is None:
+                entry = self._jobs[report.job_id] = _JobCheckpoints(report.at)
+            entry.last_at = max(entry.last_at, report.at)
+            entry.durations.append(report.duration_s)
+
+    def last(self, job_id: str) -> float | None:
+        with self._lock:
+            entry = self._jobs.get(job_id)
+            return entry.last_at if entry is not None else None
+
+    def expected_duration(self, job_id: str, declared: float | None = None) -> float | None:
+        with self._lock:
+            entry = self._jobs.get(job_id)
+            if entry is None or not entry.durations:
+                return declared
+            return max(entry.durations)
+
+    def forget(self, job_ids: set[str]) -> None:
+        """Jobs that ended: their checkpoints no longer matter."""
+        with self._lock:
+            for job_id in job_ids & self._jobs.keys():
+                del self._jobs[job_id]
+
+    def known(self) -> set[str]:
+        with self._lock:
+            return set(self._jobs)
