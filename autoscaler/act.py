@@ -26,6 +26,7 @@ from autoscaler.errors import (
     TransientError,
     describe,
 )
+from autoscaler.evacuate import Evacuator, JobMove, Move
 from autoscaler.guard import GuardedPlan, GuardMemory
 from autoscaler.lifecycle import InstanceRecord, InstanceTable
 from autoscaler.model import (
@@ -58,6 +59,8 @@ class ActionRecord:
     request_id: str | None = None
     instance_ids: tuple[str, ...] = ()
     fallback_from: str | None = None
+    job_id: str | None = None
+    lost_gpu_s: float | None = None
 
 
 class Actuator:
@@ -72,6 +75,7 @@ class Actuator:
         scheduler: WorkloadScheduler | None,
         incarnation: str,
         retry: RetryPolicy,
+        evacuator: Evacuator | None = None,
     ) -> None:
         self.config = config
         self.providers = providers
@@ -82,13 +86,21 @@ class Actuator:
         self.scheduler = scheduler
         self.incarnation = incarnation
         self.retry = retry
+        self.evacuator = evacuator
         self._pools = {p.name: p for p in config.pools}
 
     def act(self, view: FleetView, guarded: GuardedPlan) -> list[ActionRecord]:
         records: list[ActionRecord] = []
         self._apply_placement(guarded.plan.placement, records)
+        interrupted: list[tuple[str, float]] = []
+        at_risk: list[str] = []
         for notice in view.notices:
-            self._handle_notice(notice, view.now, records)
+            if self._handle_notice(notice, view.now, records):
+                deadline = notice.deadline if notice.deadline is not None else view.now
+                interrupted.append((notice.instance_id, deadline))
+            elif notice.kind is NoticeKind.REBALANCE:
+                at_risk.append(notice.instance_id)
+        self._evacuate(interrupted, at_risk, view.now, records)
         for drain in guarded.drains:
             record = self.table.get(drain.instance_id)
             if record is None or record.state not in _DRAINABLE:
@@ -121,13 +133,14 @@ class Actuator:
 
     def _handle_notice(
         self, notice: InterruptionNotice, now: float, records: list[ActionRecord]
-    ) -> None:
+    ) -> bool:
+        """True when the node is newly interrupted and its jobs must leave before the deadline."""
         record = self.table.get(notice.instance_id)
         if record is None or record.state in (
             InstanceState.INTERRUPTED,
             InstanceState.TERMINATING,
         ):
-            return
+            return False
         if record.state is InstanceState.TERMINATED:
             if not any(state is InstanceState.TERMINATING for state, _, _ in record.history):
                 # gone before we read the notice, and not by our hand: still an interruption
@@ -143,7 +156,7 @@ class Actuator:
                         instance_ids=(record.id,),
                     )
                 )
-            return
+            return False
         if notice.kind is not NoticeKind.TERMINATE:
             records.append(
                 ActionRecord(
@@ -156,7 +169,7 @@ class Actuator:
                     instance_ids=(record.id,),
                 )
             )
-            return
+            return False
         record.move(InstanceState.INTERRUPTED, now, f"{notice.kind} notice")
         record.interrupt_deadline = notice.deadline
         self.history.record(record.pool, now)
@@ -170,6 +183,66 @@ class Actuator:
         records.append(
             ActionRecord("interruption", record.pool, 1, 1, "ok", detail, instance_ids=(record.id,))
         )
+        return True
+
+    def _evacuate(
+        self,
+        interrupted: list[tuple[str, float]],
+        at_risk: list[str],
+        now: float,
+        records: list[ActionRecord],
+    ) -> None:
+        """Move the jobs off nodes the cloud is taking back, by what each can still save."""
+        if self.evacuator is None:
+            return
+        moves: list[JobMove] = []
+        try:
+            if interrupted:
+                moves += self.evacuator.interrupted(interrupted, now)
+            if at_risk and self.config.interruptions.act_on_rebalance:
+                moves += self._move_at_risk(self.evacuator, at_risk, now, records)
+            moves += self.evacuator.progress(now)
+        except Exception as exc:
+            records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))
+        for move in moves:
+            record = self.table.get(move.node)
+            records.append(
+                ActionRecord(
+                    "evacuate",
+                    record.pool if record is not None else None,
+                    1,
+                    0 if move.move is Move.FAILED else 1,
+                    str(move.move),
+                    move.detail,
+                    instance_ids=(move.node,),
+                    job_id=move.job_id,
+                    lost_gpu_s=move.lost_gpu_s,
+                )
+            )
+
+    def _move_at_risk(
+        self, evacuator: Evacuator, nodes: list[str], now: float, records: list[ActionRecord]
+    ) -> list[JobMove]:
+        """A node at elevated risk takes no new work and is let go once its jobs have moved."""
+        moving = []
+        for node in nodes:
+            record = self.table.get(node)
+            if record is None or record.state not in _DRAINABLE:
+                continue
+            record.move(InstanceState.DRAINING, now, "rebalance recommendation")
+            moving.append(node)
+            records.append(
+                ActionRecord(
+                    "drain",
+                    record.pool,
+                    1,
+                    1,
+                    "ok",
+                    "rebalance recommendation",
+                    instance_ids=(node,),
+                )
+            )
+        return evacuator.at_risk(moving, now) if moving else []
 
     def _progress_drains(self, view: FleetView, records: list[ActionRecord]) -> None:
         usage = {n.instance_id: n for n in view.instances}

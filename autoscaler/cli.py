@@ -170,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         scheduler=wiring.scheduler,
         signals=wiring.signals,
         metrics=metrics,
+        checkpoints=inbox.checkpoints if inbox is not None else None,
     )
     return Runner(controller, providers, background).run(max_ticks=args.ticks)
 

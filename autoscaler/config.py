@@ -99,6 +99,19 @@ class MetricsConfig(Frozen):
     listen: Listen = Listen(port=9108)
 
 
+class InterruptionConfig(Frozen):
+    """How a node the cloud takes back is evacuated: a job is asked to checkpoint when its
+    expected checkpoint time plus ``checkpoint_margin_s`` fits before the deadline less
+    ``requeue_lead_s`` (the time a requeue needs); on a rebalance recommendation, with
+    ``act_on_rebalance``, jobs whose checkpoint is younger than ``fresh_checkpoint_s`` move at
+    once and the rest as soon as they next save."""
+
+    checkpoint_margin_s: NonNegativeFloat = 10.0
+    requeue_lead_s: NonNegativeFloat = 5.0
+    act_on_rebalance: bool = False
+    fresh_checkpoint_s: PositiveFloat = 300.0
+
+
 class ControllerConfig(Frozen):
     fleet_id: Name
     tick_seconds: PositiveFloat = 60.0
@@ -106,6 +119,7 @@ class ControllerConfig(Frozen):
     providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = ()
     telemetry: TelemetryConfig = TelemetryConfig()
+    interruptions: InterruptionConfig = InterruptionConfig()
     inbox: InboxConfig | None = None
     metrics: MetricsConfig | None = None
     pools: tuple[Pool, ...] = ()

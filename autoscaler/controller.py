@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from autoscaler.act import ActionRecord, Actuator
 from autoscaler.capacity import CapacityCache, InterruptionHistory
+from autoscaler.checkpoints import CheckpointLedger
 from autoscaler.clock import Clock
 from autoscaler.config import ControllerConfig
 from autoscaler.errors import InputError, describe
+from autoscaler.evacuate import EvacuationSettings, Evacuator
 from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
 from autoscaler.lifecycle import InstanceTable
 from autoscaler.metrics import Metrics
@@ -28,7 +30,12 @@ from autoscaler.observe import Observation, Observer, Signals
 from autoscaler.policy import Policy
 from autoscaler.provider import Provider
 from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeSource, QueueSource, WorkloadScheduler
+from autoscaler.sources import (
+    CheckpointingScheduler,
+    NodeSource,
+    QueueSource,
+    WorkloadScheduler,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,7 @@ class Controller:
         timer: Callable[[], float] = time.perf_counter,
         signals: Signals | None = None,
         metrics: Metrics | None = None,
+        checkpoints: CheckpointLedger | None = None,
     ) -> None:
         missing = sorted({p.provider for p in config.pools} - set(providers))
         if missing:
@@ -83,6 +91,20 @@ class Controller:
         self.observer = Observer(
             config, providers, self.signals, self.table, self.capacity, self.history
         )
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
+        self.evacuator = (
+            Evacuator(
+                scheduler,
+                self.checkpoints,
+                EvacuationSettings(
+                    checkpoint_margin_s=config.interruptions.checkpoint_margin_s,
+                    requeue_lead_s=config.interruptions.requeue_lead_s,
+                    fresh_checkpoint_s=config.interruptions.fresh_checkpoint_s,
+                ),
+            )
+            if isinstance(scheduler, CheckpointingScheduler)
+            else None
+        )
         self.actuator = Actuator(
             config,
             providers,
@@ -93,6 +115,7 @@ class Controller:
             scheduler,
             incarnation or uuid.uuid4().hex[:12],
             retry or RetryPolicy(),
+            self.evacuator,
         )
         self.last_plan: Plan | None = None
         self._tick = 0
@@ -100,6 +123,11 @@ class Controller:
     @property
     def ticks(self) -> int:
         return self._tick
+
+    def next_due(self) -> float | None:
+        """When something in flight needs a tick before the regular one (a job's checkpoint
+        wait ending before the node's deadline)."""
+        return self.evacuator.next_due() if self.evacuator is not None else None
 
     def tick(self) -> TickReport:
         started = self.timer()
@@ -140,6 +168,11 @@ class Controller:
         demand = report.view.demand
         metrics.demand_known.set(1 if demand.known else 0)
         metrics.pending_gpus.set(sum(g.gpus_per_job * g.jobs for g in demand.groups))
+        for action in report.actions:
+            if action.kind == "evacuate":
+                metrics.evacuations.labels(action.outcome).inc()
+                if action.lost_gpu_s:
+                    metrics.work_lost.inc(action.lost_gpu_s)
         outcome = "held" if report.held else ("degraded" if report.errors else "ok")
         metrics.ticks.labels(outcome).inc()
         metrics.tick_seconds.observe(report.duration_s)

@@ -65,9 +65,13 @@ class NoticeInbox:
         )
         with self._lock:
             self._notices.append(notice)
+        self.wake()
+        return notice
+
+    def wake(self) -> None:
+        """Wake the run loop: a notice to act on, or a checkpoint a waiting evacuation needs."""
         if self._wakeup is not None:
             self._wakeup()
-        return notice
 
     def take(self) -> list[InterruptionNotice]:
         with self._lock:
@@ -174,6 +178,7 @@ class InboxServer:
                 server.checkpoints.record(
                     CheckpointReport(body.job_id, at, body.duration_s, body.node)
                 )
+                server.inbox.wake()
                 log.debug("checkpoint of job %s (%.1f s)", body.job_id, body.duration_s)
                 self._reply(202, {"accepted": body.job_id})
 

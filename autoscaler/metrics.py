@@ -33,6 +33,17 @@ class Metrics:
         self.pending_gpus = Gauge(
             "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=self.registry
         )
+        self.evacuations = Counter(
+            "gpu_autoscaler_evacuations",
+            "Jobs moved off nodes the cloud is taking back, by what happened to each",
+            ["move"],
+            registry=self.registry,
+        )
+        self.work_lost = Counter(
+            "gpu_autoscaler_work_lost_gpu_seconds",
+            "GPU-seconds lost to interruptions: what ran since the checkpoint a job resumes from",
+            registry=self.registry,
+        )
         self.ticks = Counter(
             "gpu_autoscaler_ticks", "Ticks by outcome", ["outcome"], registry=self.registry
         )

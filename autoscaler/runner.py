@@ -67,7 +67,11 @@ class Runner:
                 done += 1
                 if max_ticks is not None and done >= max_ticks:
                     break
-                self._wake.wait(max(0.0, period - (time.monotonic() - started)))
+                wait = period - (time.monotonic() - started)
+                due = self.controller.next_due()
+                if due is not None:
+                    wait = min(wait, due - self.controller.clock.now())
+                self._wake.wait(max(0.0, wait))
         finally:
             for service in started_background:
                 service.close()

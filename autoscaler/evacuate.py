@@ -1,0 +1,257 @@
+"""Evacuating a node the cloud is taking back, one job at a time, by what each job can save.
+
+On a termination notice every job on the node is weighed against the deadline: a job that can
+be asked to checkpoint (it traps a signal) and whose expected checkpoint time, plus a margin,
+fits before the deadline is signalled now and requeued as soon as it reports the checkpoint, or
+at the deadline if no report comes; any other job is requeued at once from its last checkpoint,
+because waiting would only lose more. The work lost is what ran since the checkpoint the job
+resumes from, in GPU-seconds.
+
+On a rebalance recommendation (AWS's "elevated risk", opt-in), jobs whose checkpoint is fresh
+move at once and the others move as soon as they next report a checkpoint, before any warning.
+
+Signals and requeues of many nodes go out in parallel (a zone-wide reclaim is hundreds of nodes
+in one tick); the run loop is woken by each checkpoint report and at the next wait's end, so a
+waiting job is requeued within moments of either.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from autoscaler.checkpoints import CheckpointLedger
+from autoscaler.errors import describe
+from autoscaler.sources import CheckpointingScheduler, RunningJob
+
+log = logging.getLogger(__name__)
+
+
+class Move(StrEnum):
+    CHECKPOINT_ASKED = "checkpoint-asked"
+    REQUEUED = "requeued"
+    REQUEUED_AFTER_CHECKPOINT = "requeued-after-checkpoint"
+    REQUEUED_AT_DEADLINE = "requeued-at-deadline"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class JobMove:
+    """What happened to one job; ``lost_gpu_s`` is set once the job has left the node."""
+
+    job_id: str
+    node: str
+    move: Move
+    lost_gpu_s: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EvacuationSettings:
+    checkpoint_margin_s: float = 10.0
+    requeue_lead_s: float = 5.0
+    fresh_checkpoint_s: float = 300.0
+    concurrency: int = 32
+
+
+@dataclass
+class _Waiting:
+    job: RunningJob
+    since: float
+    resume_from: float
+    requeue_by: float
+
+
+@dataclass
+class _Evacuation:
+    node: str
+    deadline: float | None
+    waiting: dict[str, _Waiting] = field(default_factory=dict)
+
+
+class Evacuator:
+    def __init__(
+        self,
+        scheduler: CheckpointingScheduler,
+        ledger: CheckpointLedger,
+        settings: EvacuationSettings | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.ledger = ledger
+        self.settings = settings or EvacuationSettings()
+        self._nodes: dict[str, _Evacuation] = {}
+        self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="evacuate")
+
+    def interrupted(self, nodes: Sequence[tuple[str, float]], now: float) -> list[JobMove]:
+        """Nodes with a termination notice and their deadlines."""
+        jobs = self._jobs_of([node for node, _ in nodes])
+        moves: list[JobMove] = []
+        calls: list[tuple[Callable[[], None], JobMove]] = []
+        for node, deadline in nodes:
+            evacuation = self._nodes.setdefault(node, _Evacuation(node, deadline))
+            evacuation.deadline = deadline
+            for job in jobs.get(node, ()):
+                if job.id in evacuation.waiting:
+                    continue
+                resume_from = self._resume_point(job)
+                expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
+                requeue_by = deadline - self.settings.requeue_lead_s
+                fits = (
+                    job.checkpoint_signal is not None
+                    and expected is not None
+                    and now + expected + self.settings.checkpoint_margin_s <= requeue_by
+                )
+                if fits and job.checkpoint_signal is not None:
+                    evacuation.waiting[job.id] = _Waiting(job, now, resume_from, requeue_by)
+                    calls.append(
+                        (
+                            _bind(self.scheduler.signal, job.id, job.checkpoint_signal),
+                            JobMove(
+                                job.id,
+                                node,
+                                Move.CHECKPOINT_ASKED,
+                                detail=f"checkpoint expected to take {expected:.0f}s, "
+                                f"{deadline - now:.0f}s to the deadline",
+                            ),
+                        )
+                    )
+                else:
+                    why = (
+                        "it cannot be asked to checkpoint"
+                        if job.checkpoint_signal is None or expected is None
+                        else f"a {expected:.0f}s checkpoint does not fit in {deadline - now:.0f}s"
+                    )
+                    calls.append(self._requeue(job, now, resume_from, Move.REQUEUED, why))
+        moves.extend(self._run(calls))
+        unasked = [
+            m for m in moves if m.move is Move.FAILED and m.detail.startswith(Move.CHECKPOINT_ASKED)
+        ]
+        retries = []
+        for move in unasked:
+            waiting = self._nodes[move.node].waiting.pop(move.job_id)
+            retries.append(
+                self._requeue(
+                    waiting.job, now, waiting.resume_from, Move.REQUEUED, "the signal failed"
+                )
+            )
+        moves.extend(self._run(retries))
+        return moves
+
+    def at_risk(self, nodes: Sequence[str], now: float) -> list[JobMove]:
+        """Nodes the cloud says are at elevated risk: move what has just saved, and the rest as
+        soon as it next saves; the node is not waited on past that."""
+        jobs = self._jobs_of(nodes)
+        calls: list[tuple[Callable[[], None], JobMove]] = []
+        for node in nodes:
+            evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
+            for job in jobs.get(node, ()):
+                if job.id in evacuation.waiting:
+                    continue
+                last = self.ledger.last(job.id)
+                if last is not None and now - last <= self.settings.fresh_checkpoint_s:
+                    calls.append(
+                        self._requeue(
+                            job, now, last, Move.REQUEUED, "rebalance: its checkpoint is fresh"
+                        )
+                    )
+                elif job.checkpoint_signal is not None:
+                    resume_from = self._resume_point(job)
+                    evacuation.waiting[job.id] = _Waiting(job, now, resume_from, float("inf"))
+        return self._run(calls)
+
+    def progress(self, now: float) -> list[JobMove]:
+        """Requeue the jobs that have reported their checkpoint, and those whose wait is over."""
+        calls: list[tuple[Callable[[], None], JobMove]] = []
+        for evacuation in list(self._nodes.values()):
+            for job_id, waiting in list(evacuation.waiting.items()):
+                last = self.ledger.last(job_id)
+                if last is not None and last > waiting.resume_from:
+                    del evacuation.waiting[job_id]
+                    calls.append(
+                        self._requeue(
+                            waiting.job,
+                            now,
+                            last,
+                            Move.REQUEUED_AFTER_CHECKPOINT,
+                            f"checkpointed {last - waiting.since:.1f}s after the request",
+                        )
+                    )
+                elif now >= waiting.requeue_by:
+                    del evacuation.waiting[job_id]
+                    calls.append(
+                        self._requeue(
+                            waiting.job,
+                            now,
+                            waiting.resume_from,
+                            Move.REQUEUED_AT_DEADLINE,
+                            "no checkpoint reported before the deadline",
+                        )
+                    )
+            if not evacuation.waiting:
+                del self._nodes[evacuation.node]
+        return self._run(calls)
+
+    def next_due(self) -> float | None:
+        """When the next wait ends, so the run loop can wake for it."""
+        dues = [w.requeue_by for e in self._nodes.values() for w in e.waiting.values()]
+        finite = [d for d in dues if d != float("inf")]
+        return min(finite) if finite else None
+
+    def waiting(self) -> set[str]:
+        return {job for e in self._nodes.values() for job in e.waiting}
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            self._nodes.pop(node, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _jobs_of(self, nodes: Sequence[str]) -> dict[str, Sequence[RunningJob]]:
+        if not nodes:
+            return {}
+        bulk = getattr(self.scheduler, "running_jobs_by_node", None)
+        if len(nodes) > 1 and callable(bulk):
+            every: dict[str, Sequence[RunningJob]] = bulk()
+            return {node: every.get(node, ()) for node in nodes}
+        return {node: self.scheduler.running_jobs(node) for node in nodes}
+
+    def _resume_point(self, job: RunningJob) -> float:
+        """Where a requeued job picks up: its last reported checkpoint, else its start."""
+        last = self.ledger.last(job.id)
+        return max(last, job.started_at) if last is not None else job.started_at
+
+    def _requeue(
+        self, job: RunningJob, now: float, resume_from: float, move: Move, why: str
+    ) -> tuple[Callable[[], None], JobMove]:
+        lost = job.gpus * max(0.0, now - resume_from)
+        return (
+            _bind(self.scheduler.requeue, job.id),
+            JobMove(job.id, job.node, move, lost, why),
+        )
+
+    def _run(self, calls: list[tuple[Callable[[], None], JobMove]]) -> list[JobMove]:
+        if not calls:
+            return []
+        outcomes = list(self._pool.map(_attempt, calls))
+        for move in outcomes:
+            log.info("evacuate %s on %s: %s (%s)", move.job_id, move.node, move.move, move.detail)
+        return outcomes
+
+
+def _bind(function: Callable[..., None], *args: str) -> Callable[[], None]:
+    return lambda: function(*args)
+
+
+def _attempt(call: tuple[Callable[[], None], JobMove]) -> JobMove:
+    action, move = call
+    try:
+        action()
+    except Exception as exc:
+        return JobMove(
+            move.job_id, move.node, Move.FAILED, None, f"{move.move} failed: {describe(exc)}"
+        )
+    return move

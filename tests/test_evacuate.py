@@ -1,0 +1,285 @@
+"""Evacuating interrupted nodes: which jobs are asked to checkpoint, when each is requeued, and
+the work it loses; then the same through the controller's tick."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fakes import FakeCloud, FakeQueue, job, pool
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
+from autoscaler.clock import ManualClock
+from autoscaler.config import ControllerConfig, InterruptionConfig
+from autoscaler.controller import Controller
+from autoscaler.evacuate import EvacuationSettings, Evacuator, Move
+from autoscaler.metrics import Metrics
+from autoscaler.model import InterruptionNotice, NoticeKind, Placement
+from autoscaler.retry import RetryPolicy
+from autoscaler.sources import CheckpointingScheduler, RunningJob
+from policies.cost_aware import CostAwarePolicy
+
+
+@dataclass
+class CheckpointingFake:
+    """A scheduler that knows each node's jobs and records what it is asked to do."""
+
+    jobs: dict[str, list[RunningJob]] = field(default_factory=dict)
+    signalled: list[tuple[str, str]] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    failing_signal: set[str] = field(default_factory=set)
+    bulk_calls: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def running_jobs(self, node: str) -> Sequence[RunningJob]:
+        return list(self.jobs.get(node, []))
+
+    def running_jobs_by_node(self) -> dict[str, list[RunningJob]]:
+        self.bulk_calls += 1
+        return {node: list(jobs) for node, jobs in self.jobs.items()}
+
+    def signal(self, job_id: str, signal: str) -> None:
+        if job_id in self.failing_signal:
+            raise RuntimeError(f"scancel: job {job_id} is gone")
+        with self.lock:
+            self.signalled.append((job_id, signal))
+
+    def requeue(self, job_id: str) -> None:
+        with self.lock:
+            self.requeued.append(job_id)
+            for jobs in self.jobs.values():
+                jobs[:] = [j for j in jobs if j.id != job_id]
+
+    def apply_placement(self, placement: Placement) -> None:
+        """Placement is not what these tests are about."""
+
+    def drain(self, node: str, reason: str) -> int:
+        self.drained.append(node)
+        return len(self.jobs.get(node, []))
+
+    def evict(self, node: str, reason: str) -> int:
+        moved = [j.id for j in self.jobs.get(node, [])]
+        for job_id in moved:
+            self.requeue(job_id)
+        return len(moved)
+
+
+def running(
+    job_id: str,
+    node: str = "i-1",
+    gpus: int = 2,
+    started_at: float = 0.0,
+    signal: str | None = "USR1",
+    duration: float | None = 20.0,
+) -> RunningJob:
+    return RunningJob(job_id, node, gpus, started_at, 600.0 if signal else None, duration, signal)
+
+
+def test_a_fake_of_the_right_shape_is_a_checkpointing_scheduler() -> None:
+    assert isinstance(CheckpointingFake(), CheckpointingScheduler)
+
+
+def test_a_checkpoint_that_fits_is_asked_for_and_the_job_requeued_once_it_reports() -> None:
+    scheduler = CheckpointingFake({"i-1": [running("a"), running("b", signal=None)]})
+    ledger = CheckpointLedger()
+    ledger.record(CheckpointReport("b", at=900.0, duration_s=5.0))
+    evacuator = Evacuator(scheduler, ledger)
+    moves = {m.job_id: m for m in evacuator.interrupted([("i-1", 1120.0)], now=1000.0)}
+    assert moves["a"].move is Move.CHECKPOINT_ASKED
+    assert scheduler.signalled == [("a", "USR1")]
+    assert moves["b"].move is Move.REQUEUED, "b cannot be asked: it goes at once"
+    assert moves["b"].lost_gpu_s == 2 * (1000.0 - 900.0)
+    assert evacuator.next_due() == 1120.0 - EvacuationSettings().requeue_lead_s
+
+    assert evacuator.progress(now=1005.0) == [], "no report yet, deadline not near"
+    ledger.record(CheckpointReport("a", at=1012.0, duration_s=11.0))
+    (move,) = evacuator.progress(now=1013.0)
+    assert (move.job_id, move.move) == ("a", Move.REQUEUED_AFTER_CHECKPOINT)
+    assert move.lost_gpu_s == 2 * (1013.0 - 1012.0)
+    assert scheduler.requeued == ["b", "a"]
+    assert evacuator.next_due() is None and evacuator.waiting() == set()
+
+
+def test_a_checkpoint_that_cannot_fit_is_not_waited_on() -> None:
+    scheduler = CheckpointingFake({"vm-1": [running("a", node="vm-1", duration=40.0)]})
+    evacuator = Evacuator(scheduler, CheckpointLedger())
+    (move,) = evacuator.interrupted([("vm-1", 1030.0)], now=1000.0)
+    assert move.move is Move.REQUEUED
+    assert "does not fit" in move.detail
+    assert move.lost_gpu_s == 2 * 1000.0, "no checkpoint yet: everything since the start"
+    assert scheduler.signalled == [] and scheduler.requeued == ["a"]
+
+
+def test_measured_checkpoint_time_beats_the_declared_one() -> None:
+    scheduler = CheckpointingFake({"i-1": [running("a", duration=5.0)]})
+    ledger = CheckpointLedger()
+    ledger.record(CheckpointReport("a", at=500.0, duration_s=110.0))
+    (move,) = Evacuator(scheduler, ledger).interrupted([("i-1", 1120.0)], now=1000.0)
+    assert move.move is Move.REQUEUED, (
+        "it took 110 s last time; 120 s less the margins is too short"
+    )
+    assert move.lost_gpu_s == 2 * 500.0
+
+
+def test_no_report_before_the_deadline_requeues_from_the_last_checkpoint() -> None:
+    scheduler = CheckpointingFake({"i-1": [running("a")]})
+    ledger = CheckpointLedger()
+    ledger.record(CheckpointReport("a", at=400.0, duration_s=10.0))
+    evacuator = Evacuator(scheduler, ledger)
+    evacuator.interrupted([("i-1", 1120.0)], now=1000.0)
+    due = evacuator.next_due()
+    assert due is not None
+    assert evacuator.progress(now=due - 1) == []
+    (move,) = evacuator.progress(now=due)
+    assert move.move is Move.REQUEUED_AT_DEADLINE
+    assert move.lost_gpu_s == 2 * (due - 400.0)
+
+
+def test_a_failed_signal_requeues_at_once() -> None:
+    scheduler = CheckpointingFake({"i-1": [running("a")]}, failing_signal={"a"})
+    evacuator = Evacuator(scheduler, CheckpointLedger())
+    moves = evacuator.interrupted([("i-1", 1120.0)], now=1000.0)
+    assert [m.move for m in moves] == [Move.FAILED, Move.REQUEUED]
+    assert scheduler.requeued == ["a"]
+    assert evacuator.waiting() == set()
+
+
+def test_rebalance_moves_fresh_checkpoints_now_and_the_rest_when_they_next_save() -> None:
+    scheduler = CheckpointingFake({"i-1": [running("fresh"), running("stale")]})
+    ledger = CheckpointLedger()
+    ledger.record(CheckpointReport("fresh", at=950.0, duration_s=5.0))
+    ledger.record(CheckpointReport("stale", at=100.0, duration_s=5.0))
+    evacuator = Evacuator(scheduler, ledger)
+    (move,) = evacuator.at_risk(["i-1"], now=1000.0)
+    assert (move.job_id, move.lost_gpu_s) == ("fresh", 2 * 50.0)
+    assert scheduler.signalled == [], "nobody is made to checkpoint early on a mere risk"
+    assert evacuator.next_due() is None, "no deadline to wake for"
+    assert evacuator.progress(now=1500.0) == []
+    ledger.record(CheckpointReport("stale", at=1600.0, duration_s=5.0))
+    (later,) = evacuator.progress(now=1601.0)
+    assert (later.job_id, later.move, later.lost_gpu_s) == (
+        "stale",
+        Move.REQUEUED_AFTER_CHECKPOINT,
+        2 * 1.0,
+    )
+
+
+def test_a_zone_wide_reclaim_reads_the_jobs_once_and_moves_them_all() -> None:
+    scheduler = CheckpointingFake(
+        {
+            f"i-{n}": [
+                running(f"{n}-a", node=f"i-{n}"),
+                running(f"{n}-b", node=f"i-{n}", signal=None),
+            ]
+            for n in range(500)
+        }
+    )
+    evacuator = Evacuator(scheduler, CheckpointLedger())
+    moves = evacuator.interrupted([(f"i-{n}", 1120.0) for n in range(500)], now=1000.0)
+    assert scheduler.bulk_calls == 1
+    assert len(scheduler.signalled) == 500 and len(scheduler.requeued) == 500
+    assert len(moves) == 1000
+    evacuator.close()
+
+
+jobs_strategy = st.lists(
+    st.tuples(
+        st.integers(min_value=1, max_value=8),
+        st.one_of(st.none(), st.floats(min_value=0, max_value=200)),
+        st.booleans(),
+        st.one_of(st.none(), st.floats(min_value=0, max_value=990)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@given(jobs_strategy, st.floats(min_value=0, max_value=180), st.floats(min_value=0, max_value=300))
+def test_every_job_leaves_exactly_once_and_is_asked_only_when_it_fits(
+    specs: list[tuple[int, float | None, bool, float | None]], lead: float, later: float
+) -> None:
+    now, deadline = 1000.0, 1000.0 + lead
+    ledger = CheckpointLedger()
+    jobs = []
+    for index, (gpus, duration, signals, last) in enumerate(specs):
+        jobs.append(
+            RunningJob(str(index), "n", gpus, 0.0, 600.0, duration, "USR1" if signals else None)
+        )
+        if last is not None:
+            ledger.record(CheckpointReport(str(index), last, 1.0))
+    scheduler = CheckpointingFake({"n": list(jobs)})
+    settings = EvacuationSettings()
+    evacuator = Evacuator(scheduler, ledger, settings)
+    first = evacuator.interrupted([("n", deadline)], now)
+    for move in first:
+        job_ = jobs[int(move.job_id)]
+        expected = ledger.expected_duration(job_.id, job_.checkpoint_duration_s)
+        fits = (
+            job_.checkpoint_signal is not None
+            and expected is not None
+            and now + expected + settings.checkpoint_margin_s <= deadline - settings.requeue_lead_s
+        )
+        assert (move.move is Move.CHECKPOINT_ASKED) == fits
+    evacuator.progress(now + lead + later)
+    assert sorted(scheduler.requeued) == sorted(j.id for j in jobs), "every job left, once"
+    assert evacuator.waiting() == set()
+    evacuator.close()
+
+
+def test_the_controller_evacuates_on_a_notice_and_counts_the_work_lost() -> None:
+    clock = ManualClock(1_000_000.0)
+    cloud = FakeCloud("fake", price_table={"a": 1.0}, now=clock.now)
+    queue = FakeQueue()
+    scheduler = CheckpointingFake()
+    metrics = Metrics()
+    ledger = CheckpointLedger()
+    controller = Controller(
+        ControllerConfig(fleet_id="test", pools=(pool("a"),), interruptions=InterruptionConfig()),
+        CostAwarePolicy(),
+        {"fake": cloud},
+        clock,
+        [queue],
+        scheduler=scheduler,
+        incarnation="t",
+        retry=RetryPolicy(attempts=1, sleep=lambda _s: None),
+        metrics=metrics,
+        checkpoints=ledger,
+    )
+    queue.jobs = [job("x")]
+    controller.tick()
+    cloud.boot_all()
+    (instance,) = cloud.instances
+    start = clock.now()
+    scheduler.jobs[instance] = [
+        RunningJob("x", instance, 1, start, 600.0, 10.0, "USR1"),
+        RunningJob("y", instance, 1, start, None, None, None),
+    ]
+    clock.advance(300)
+    cloud.notices.append(
+        InterruptionNotice(
+            instance_id=instance,
+            pool="a",
+            kind=NoticeKind.TERMINATE,
+            received_at=clock.now(),
+            deadline=clock.now() + 120,
+        )
+    )
+    report = controller.tick()
+    moves = {a.job_id: a.outcome for a in report.actions if a.kind == "evacuate"}
+    assert moves == {"x": "checkpoint-asked", "y": "requeued"}
+    assert instance in scheduler.drained
+    due = controller.next_due()
+    assert due is not None and due < clock.now() + 120
+
+    clock.advance(8)
+    ledger.record(CheckpointReport("x", clock.now() - 1, 7.0))
+    report = controller.tick()
+    moves = {a.job_id: a.outcome for a in report.actions if a.kind == "evacuate"}
+    assert moves == {"x": "requeued-after-checkpoint"}
+    assert sorted(scheduler.requeued) == ["x", "y"]
+    lost = metrics.registry.get_sample_value("gpu_autoscaler_work_lost_gpu_seconds_total")
+    assert lost == 300.0 + 1.0, "y lost its 300 s; x only the second after its checkpoint"
