@@ -5,7 +5,9 @@
   when a pool names one type in one place. Every instance carries the fleet, pool, request and
   launch-time tags. A launch is idempotent: the request id is looked up by tag before launching
   and passed as the client token, so a retry or a restart never buys a second set.
-* List and terminate by the fleet tag only: an instance without it is invisible to us.
+* List and terminate by the fleet tag only: an instance without it is invisible to us. Listing
+  reads our tags (``DescribeTags``) and states (``DescribeInstanceStatus``), a fraction of
+  ``DescribeInstances``' bytes; the few instances those cannot describe fully are looked up there.
 * Prices: live spot prices (latest per zone and type, cached for a TTL), on-demand list prices and
   Spot Advisor interruption rates from the shipped catalog.
 * Errors: mapped onto the core's typed errors (``providers.aws_errors``); botocore's own retries
@@ -18,6 +20,7 @@ never from the config file.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -56,6 +59,12 @@ STATES = {
     "terminated": InstanceState.TERMINATED,
 }
 PRODUCT = "Linux/UNIX"
+LAUNCH_TAGS = (POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG)  # written once, at launch
+PAGE_SIZE = 1000  # the most DescribeTags and DescribeInstanceStatus return in one page
+IDS_PER_FILTER = 200  # instance ids per filter in one call
+# How long an instance whose tags are visible may stay invisible to the describe calls (they are
+# eventually consistent just after a launch) before we stop counting it as pending.
+UNSEEN_GRACE_S = 600.0
 
 
 class _Strict(BaseModel):
@@ -158,6 +167,7 @@ class AwsProvider:
         self._spot: dict[str, tuple[float, dict[tuple[str, str], float]]] = {}
         self._region_of: dict[str, str] = {}
         self._pool_of: dict[str, str] = {}
+        self._launch_tags: dict[str, dict[str, dict[str, str]]] = {}
         self.watcher: NoticeWatcher | None = None
         if settings.interruption_queue_url:
             region = _queue_region(settings.interruption_queue_url) or self._regions()[0]
@@ -217,11 +227,166 @@ class AwsProvider:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         found: list[Instance] = []
         for region in self._regions():
-            for raw in self._describe(
-                region, [{"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
-            ):
-                found.append(self._instance(raw, region))
+            found.extend(self._list_region(region))
         return found
+
+    def _list_region(self, region: str) -> list[Instance]:
+        """Our instances in one region from their tags and states.
+
+        DescribeInstances sends ~3 KB of XML per instance and botocore's parsing of it dominated
+        the tick at thousands of instances; the tags and the state are all the controller needs
+        when the pool is configured (it gives the type and GPUs). Tags are read before states, so
+        an instance that ends between the two calls shows its newer state. Whatever the two
+        cannot answer exactly as DescribeInstances would (no state yet, no launch-time tag, a pool
+        no longer configured) is asked of DescribeInstances, for those ids only.
+        """
+        tagged = self._our_tags(region)
+        if not tagged:
+            return []
+        states = self._states(region)
+        listed: list[Instance] = []
+        unresolved: dict[str, dict[str, str]] = {}
+        for instance_id, tags in tagged.items():
+            state = states.get(instance_id)
+            if state == "terminated":
+                continue
+            pool = self.pools.get(tags.get(POOL_TAG, ""))
+            launched = _launched_at(tags.get(LAUNCHED_AT_TAG))
+            if state is None or pool is None or launched is None:
+                unresolved[instance_id] = tags
+                continue
+            listed.append(
+                self._remember(
+                    Instance(
+                        id=instance_id,
+                        pool=pool.name,
+                        state=STATES.get(state, InstanceState.PENDING),
+                        launched_at=launched,
+                        request_id=tags.get(REQUEST_TAG, ""),
+                        gpus=pool.gpus_per_instance,
+                    ),
+                    region,
+                )
+            )
+        if unresolved:
+            listed.extend(self._resolve(region, unresolved))
+        return listed
+
+    def _our_tags(self, region: str) -> dict[str, dict[str, str]]:
+        """Our four tags of every instance carrying our fleet tag.
+
+        The pool, request and launch-time tags are written once, at launch (TagSpecifications),
+        so each instance's are read once and kept; a listing then reads only the fleet tag, a
+        quarter of the tags. DescribeTags filters tags, not instances: other fleets' tags under
+        our keys come too and are dropped here.
+        """
+        members = {
+            instance_id
+            for instance_id, tags in self._tags(region, [FLEET_TAG], [self.fleet_id]).items()
+            if tags.get(FLEET_TAG) == self.fleet_id
+        }
+        known = self._launch_tags.get(region, {})
+        new = sorted(members - known.keys())
+        if len(new) > IDS_PER_FILTER:
+            read = self._tags(region, LAUNCH_TAGS)
+        elif new:
+            read = self._tags(region, LAUNCH_TAGS, ids=new)
+        else:
+            read = {}
+        kept = {i: tags for i, tags in known.items() if i in members}
+        for instance_id in new:
+            tags = read.get(instance_id, {})
+            if POOL_TAG in tags and LAUNCHED_AT_TAG in tags:
+                kept[instance_id] = tags
+        self._launch_tags[region] = kept
+        return {
+            i: {FLEET_TAG: self.fleet_id, **kept.get(i, read.get(i, {}))} for i in sorted(members)
+        }
+
+    def _tags(
+        self,
+        region: str,
+        keys: Sequence[str],
+        values: Sequence[str] = (),
+        ids: Sequence[str] = (),
+    ) -> dict[str, dict[str, str]]:
+        """Instance tags under these keys (and values, and instance ids), by instance id."""
+        filters = [
+            {"Name": "resource-type", "Values": ["instance"]},
+            {"Name": "key", "Values": list(keys)},
+        ]
+        if values:
+            filters.append({"Name": "value", "Values": list(values)})
+        if ids:
+            filters.append({"Name": "resource-id", "Values": list(ids)})
+        tagged: dict[str, dict[str, str]] = {}
+        try:
+            pages = (
+                self.client("ec2", region)
+                .get_paginator("describe_tags")
+                .paginate(Filters=filters, PaginationConfig={"PageSize": PAGE_SIZE})
+            )
+            for page in pages:
+                for tag in page.get("Tags", []):
+                    tagged.setdefault(str(tag["ResourceId"]), {})[str(tag["Key"])] = str(
+                        tag.get("Value", "")
+                    )
+        except Exception as exc:
+            raise typed(exc) from None
+        return tagged
+
+    def _states(self, region: str) -> dict[str, str]:
+        """The state name of every instance in the region, terminated ones included (so an
+        instance that ended is told apart from one not yet visible)."""
+        try:
+            pages = (
+                self.client("ec2", region)
+                .get_paginator("describe_instance_status")
+                .paginate(IncludeAllInstances=True, PaginationConfig={"PageSize": PAGE_SIZE})
+            )
+            return {
+                str(status["InstanceId"]): str(status.get("InstanceState", {}).get("Name", ""))
+                for page in pages
+                for status in page.get("InstanceStatuses", [])
+            }
+        except Exception as exc:
+            raise typed(exc) from None
+
+    def _resolve(self, region: str, unresolved: Mapping[str, Mapping[str, str]]) -> list[Instance]:
+        """DescribeInstances for the instances the tags and states could not describe. One whose
+        tags are visible but which no describe call shows yet was just launched: it counts as
+        pending for a grace period, so the controller does not take it for gone and buy again."""
+        ids = sorted(unresolved)
+        seen: set[str] = set()
+        listed: list[Instance] = []
+        for start in range(0, len(ids), IDS_PER_FILTER):
+            chunk = ids[start : start + IDS_PER_FILTER]
+            for raw in self._describe(region, [{"Name": "instance-id", "Values": chunk}]):
+                seen.add(str(raw["InstanceId"]))
+                if raw.get("State", {}).get("Name") in LISTED_STATES:
+                    listed.append(self._instance(raw, region))
+        now = self.clock.now()
+        for instance_id in ids:
+            tags = unresolved[instance_id]
+            pool = self.pools.get(tags.get(POOL_TAG, ""))
+            launched = _launched_at(tags.get(LAUNCHED_AT_TAG))
+            if instance_id in seen or pool is None or launched is None:
+                continue
+            if now - launched < UNSEEN_GRACE_S:
+                listed.append(
+                    self._remember(
+                        Instance(
+                            id=instance_id,
+                            pool=pool.name,
+                            state=InstanceState.PENDING,
+                            launched_at=launched,
+                            request_id=tags.get(REQUEST_TAG, ""),
+                            gpus=pool.gpus_per_instance,
+                        ),
+                        region,
+                    )
+                )
+        return listed
 
     def _describe(self, region: str, filters: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         ec2 = self.client("ec2", region)
@@ -242,24 +407,27 @@ class AwsProvider:
         pool = self.pools.get(pool_name)
         known = self.catalog.get(str(raw.get("InstanceType", "")))
         gpus = pool.gpus_per_instance if pool else (known.gpus if known and known.gpus else 1)
-        launched_tag = tags.get(LAUNCHED_AT_TAG)
-        launch_time = raw.get("LaunchTime")
-        launched = (
-            float(launched_tag)
-            if launched_tag
-            else (launch_time.timestamp() if launch_time is not None else self.clock.now())
+        launched = _launched_at(tags.get(LAUNCHED_AT_TAG))
+        if launched is None:
+            launch_time = raw.get("LaunchTime")
+            launched = launch_time.timestamp() if launch_time is not None else self.clock.now()
+        return self._remember(
+            Instance(
+                id=str(raw["InstanceId"]),
+                pool=pool_name,
+                state=STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.PENDING),
+                launched_at=launched,
+                request_id=tags.get(REQUEST_TAG, ""),
+                gpus=gpus,
+            ),
+            region,
         )
-        instance_id = str(raw["InstanceId"])
-        self._region_of[instance_id] = region
-        self._pool_of[instance_id] = pool_name
-        return Instance(
-            id=instance_id,
-            pool=pool_name,
-            state=STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.PENDING),
-            launched_at=launched,
-            request_id=tags.get(REQUEST_TAG, ""),
-            gpus=gpus,
-        )
+
+    def _remember(self, instance: Instance, region: str) -> Instance:
+        """Where an instance lives and its pool, for terminate and the interruption watcher."""
+        self._region_of[instance.id] = region
+        self._pool_of[instance.id] = instance.pool
+        return instance
 
     # -- launching ---------------------------------------------------------------------------
 
@@ -551,6 +719,17 @@ def _fleet_shortfall(errors: Sequence[Mapping[str, Any]], pool: str) -> Provider
     codes = [str(e.get("ErrorCode", "")) for e in errors]
     chosen = next((i for i, c in enumerate(codes) if c in CAPACITY_CODES), 0)
     return error_code(codes[chosen], 400, str(errors[chosen].get("ErrorMessage", "")), pool)
+
+
+def _launched_at(tag: str | None) -> float | None:
+    """Our launch-time tag as seconds, or None when it is missing or not a finite number."""
+    if not tag:
+        return None
+    try:
+        value = float(tag)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _queue_region(url: str) -> str | None:

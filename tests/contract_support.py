@@ -69,7 +69,7 @@ class World(Protocol):
 
 AWS_OPERATIONS = {
     "launch": "CreateFleet",
-    "list": "DescribeInstances",
+    "list": "DescribeTags",
     "terminate": "TerminateInstances",
 }
 
