@@ -85,6 +85,22 @@ class SlurmCluster:
                 return value
         raise AssertionError(f"node {node} has no {name}: {out}")
 
+    def reset(self) -> None:
+        """Cancel every job, resume the on-prem nodes and wait until the cluster is empty and
+        idle, so the next test on this worker's cluster starts from nothing."""
+        self.cancel_all()
+        for node in self.onprem_nodes:
+            subprocess.run(
+                ["scontrol", "update", f"nodename={node}", "state=resume"],
+                env=self.env,
+                capture_output=True,
+                check=False,
+            )
+        wait_for(
+            "the cluster to be empty",
+            lambda: not self.run("squeue", "-h") and _all_idle(self),
+        )
+
     def log_tail(self, lines: int = 15) -> str:
         parts = []
         for log in sorted(self.root.glob("*.log")) + sorted(self.munge_dir.glob("*.log")):

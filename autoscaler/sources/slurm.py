@@ -12,9 +12,11 @@ name. See docs/slurm.md for the slurm.conf lines and the ``--comment`` conventio
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup, OnPremUse, Placement
-from autoscaler.sources import NodeReading, NodeUsage, SourceError
+from autoscaler.sources import NodeReading, NodeUsage, RunningJob, SourceError
 from autoscaler.sources.slurm_json import (
     DemandRules,
     NodeGpus,
@@ -33,6 +35,7 @@ from autoscaler.sources.slurm_json import (
     load_document,
     onprem_nodes,
     read_nodes,
+    read_running_jobs,
 )
 
 DEFAULT_IGNORED_REASONS = (
@@ -60,6 +63,9 @@ DEFAULT_IGNORED_REASON_PREFIXES = ("AssocGrp", "AssocMax", "QOSGrp", "QOSMax", "
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
+log = logging.getLogger(__name__)
+REQUEUE_RELEASE_S = 10.0
+
 
 class SlurmSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -73,6 +79,7 @@ class SlurmSettings(BaseModel):
     cloud_feature: str = Field("gpu-autoscaler", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     checkpoint_interval_key: str = Field("checkpoint_interval", min_length=1)
     checkpoint_duration_key: str = Field("checkpoint_duration", min_length=1)
+    checkpoint_signal_key: str = Field("checkpoint_signal", min_length=1)
     high_priority_min: NonNegativeInt | None = Field(
         None, description="a pending job with at least this priority is high priority"
     )
@@ -110,7 +117,8 @@ class _BusyError(SourceError):
 
 
 class SlurmAdapter:
-    """Queue source (``read``), node source (``read_nodes``) and workload scheduler."""
+    """Queue source (``read``), node source (``read_nodes``), workload scheduler and checkpointing
+    scheduler (``running_jobs``, ``signal``, ``requeue``)."""
 
     def __init__(self, settings: SlurmSettings, name: str = "slurm") -> None:
         self.settings = settings
@@ -123,6 +131,7 @@ class SlurmAdapter:
             high_priority_qos=frozenset(settings.high_priority_qos),
             gpu_models=dict(settings.gpu_models),
             checkpoint_keys=(settings.checkpoint_interval_key, settings.checkpoint_duration_key),
+            checkpoint_signal_key=settings.checkpoint_signal_key,
         )
         self._empty_since: dict[str, float] = {}
         self._env = dict(os.environ)
@@ -190,6 +199,15 @@ class SlurmAdapter:
             self.settings.gpu_models,
         )
 
+    def running_jobs_by_node(self) -> dict[str, list[RunningJob]]:
+        """Every node's running jobs from one ``squeue``: what the controller reads when several
+        nodes are interrupted in the same tick."""
+        return read_running_jobs(self._run("squeue", "--json"), self.rules)
+
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        _check_node(node)
+        return self.running_jobs_by_node().get(node, [])
+
     def _jobs_on(self, node: str) -> list[str]:
         return active_jobs_on(self._run("squeue", "--json"), node)
 
@@ -222,7 +240,24 @@ class SlurmAdapter:
         return requeued
 
     def requeue(self, job_id: str) -> None:
-        self._run("scontrol", "requeue", _check_job(job_id))
+        """Requeue the job and lift the two-minute hold (its begin time) Slurm puts on a requeued
+        job once it is pending again, so it can restart on the replacement capacity as soon as
+        there is room, and counts as demand meanwhile."""
+        job = _check_job(job_id)
+        self._run("scontrol", "requeue", job)
+        give_up = time.monotonic() + REQUEUE_RELEASE_S
+        state = "COMPLETING"
+        while time.monotonic() < give_up:
+            state = self._run("squeue", "-h", "-j", job, "-o", "%T").decode().strip()
+            if state != "COMPLETING":
+                break
+            time.sleep(0.1)
+        if state != "PENDING":
+            return
+        try:
+            self._run("scontrol", "update", f"jobid={job}", "starttime=now")
+        except SourceError as exc:
+            log.warning("job %s requeued, but it keeps Slurm's hold: %s", job, exc)
 
     def signal(self, job_id: str, signal: str) -> None:
         """Signal the batch script (where a job's checkpoint trap lives), not every step."""

@@ -14,6 +14,9 @@ controller would act on as if it were true. A failed read leaves demand unknown 
 holds scale-down and is reported with the job and field named. A job's ``--comment`` is different:
 it is the user's free text, so a checkpoint hint we cannot read makes that job non-checkpointable
 (it stays off spot) instead of failing everyone's demand.
+
+The same document also says which jobs run where (``read_running_jobs``): what an interruption
+notice for a node puts at risk, read once per tick however many nodes are leaving.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -28,7 +32,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
-from autoscaler.sources import GroupKey, SourceError
+from autoscaler.sources import GroupKey, RunningJob, SourceError
 
 PENDING = "PENDING"
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
@@ -48,6 +52,10 @@ UNSCHEDULABLE_FLAGS = frozenset(
     }
 )
 _COMMENT_SEPARATORS = re.compile(r"[\s,;]+")
+DEFAULT_CHECKPOINT_SIGNAL = "USR1"
+_CHECKPOINT_SIGNALS = frozenset(
+    s.name.removeprefix("SIG") for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP)
+)
 
 
 class BadFieldError(Exception):
@@ -65,12 +73,17 @@ class DemandRules:
     high_priority_qos: frozenset[str] = frozenset()
     gpu_models: Mapping[str, str] = field(default_factory=dict)
     checkpoint_keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration")
+    checkpoint_signal_key: str = "checkpoint_signal"
 
 
 @dataclass(frozen=True)
 class Checkpointing:
+    """What a job's comment declares; ``signal`` is what its batch script traps to checkpoint
+    now (None: it cannot be asked)."""
+
     interval_s: float | None
     duration_s: float | None
+    signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +117,21 @@ def load_document(text: str | bytes, command: str, key: str) -> list[Any]:
     return items
 
 
-class SqueueJob(msgspec.Struct):
-    """The fields of a job we read, and nothing else: the other hundred or so fields of each job
-    are skipped by the decoder without becoming Python objects, which is what makes a 250 MB
-    document readable within a tick. Types stay open (``Any``) because Slurm releases change
-    them (an integer becomes ``{"number": ..., "set": ...}``); the field readers check them."""
+class _JobFields(msgspec.Struct):
+    """A job decoded into only the fields one reader needs: the other hundred or so fields of
+    each job are skipped by the decoder without becoming Python objects, which is what makes a
+    250 MB document readable within a tick. Types stay open (``Any``) because Slurm releases
+    change them (an integer becomes ``{"number": ..., "set": ...}``); the field readers check
+    them."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """``dict.get``'s meaning: ``default`` only when the field is absent, not when null."""
+        value = getattr(self, name, msgspec.UNSET)
+        return default if value is msgspec.UNSET else value
+
+
+class SqueueJob(_JobFields):
+    """What demand (and what ``drain`` counts) is read from."""
 
     job_id: Any = msgspec.UNSET
     job_state: Any = msgspec.UNSET
@@ -128,10 +151,24 @@ class SqueueJob(msgspec.Struct):
     job_resources: Any = msgspec.UNSET
     nodes: Any = msgspec.UNSET
 
-    def get(self, name: str, default: Any = None) -> Any:
-        """``dict.get``'s meaning: ``default`` only when the field is absent, not when null."""
-        value = getattr(self, name, msgspec.UNSET)
-        return default if value is msgspec.UNSET else value
+
+class SqueueRunningJob(_JobFields):
+    """What running jobs are read from; a struct of its own so that demand, read every tick,
+    does not pay for the allocation fields (a list and a string per job)."""
+
+    job_id: Any = msgspec.UNSET
+    job_state: Any = msgspec.UNSET
+    job_resources: Any = msgspec.UNSET
+    nodes: Any = msgspec.UNSET
+    node_count: Any = msgspec.UNSET
+    start_time: Any = msgspec.UNSET
+    gres_detail: Any = msgspec.UNSET
+    tres_alloc_str: Any = msgspec.UNSET
+    tres_per_job: Any = msgspec.UNSET
+    tres_per_node: Any = msgspec.UNSET
+    tres_per_task: Any = msgspec.UNSET
+    tasks: Any = msgspec.UNSET
+    comment: Any = msgspec.UNSET
 
 
 class _SqueueDocument(msgspec.Struct):
@@ -139,15 +176,32 @@ class _SqueueDocument(msgspec.Struct):
     errors: Any = msgspec.UNSET
 
 
+class _SqueueRunningDocument(msgspec.Struct):
+    jobs: list[SqueueRunningJob]
+    errors: Any = msgspec.UNSET
+
+
 _SQUEUE_DECODER = msgspec.json.Decoder(_SqueueDocument)
-Fields = SqueueJob | Mapping[str, Any]
+_SQUEUE_RUNNING_DECODER = msgspec.json.Decoder(_SqueueRunningDocument)
+Fields = _JobFields | Mapping[str, Any]
 
 
 def load_jobs(text: str | bytes) -> list[SqueueJob] | list[Any]:
     """The jobs of ``squeue --json``. A document the fast decoder refuses is read again with the
     standard library, whose result gives the one-line error that names what is wrong."""
+    return _decode_jobs(text, _SQUEUE_DECODER)
+
+
+def load_running_jobs(text: str | bytes) -> list[SqueueRunningJob] | list[Any]:
+    return _decode_jobs(text, _SQUEUE_RUNNING_DECODER)
+
+
+def _decode_jobs(
+    text: str | bytes,
+    decoder: msgspec.json.Decoder[_SqueueDocument] | msgspec.json.Decoder[_SqueueRunningDocument],
+) -> list[Any]:
     try:
-        document = _SQUEUE_DECODER.decode(text)
+        document = decoder.decode(text)
     except msgspec.DecodeError:
         return load_document(text, "squeue --json", "jobs")
     if document.errors not in (msgspec.UNSET, None, []):
@@ -156,15 +210,28 @@ def load_jobs(text: str | bytes) -> list[SqueueJob] | list[Any]:
 
 
 def parse_checkpointing(
-    comment: str, keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration")
+    comment: str,
+    keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration"),
+    signal_key: str = "checkpoint_signal",
 ) -> Checkpointing:
-    """``checkpoint_interval=600 checkpoint_duration=30`` in a job's ``--comment`` (seconds,
-    separated by spaces, commas or semicolons)."""
+    """``checkpoint_interval=600 checkpoint_duration=30 checkpoint_signal=USR1`` in a job's
+    ``--comment`` (seconds; separated by spaces, commas or semicolons).
+
+    A job with an interval and no signal key traps ``USR1``: that is what the convention asked of
+    such jobs before the key existed. ``checkpoint_signal=none`` (or a name we cannot read, or one
+    no script can trap) means it cannot be asked. A signal without an interval is a job that
+    checkpoints only when asked."""
     interval_key, duration_key = keys
     values: dict[str, float] = {}
+    signal_text: str | None = None
     for token in _COMMENT_SEPARATORS.split(comment):
         key, sep, raw = token.partition("=")
-        if not sep or key not in keys:
+        if not sep:
+            continue
+        if key == signal_key:
+            signal_text = raw
+            continue
+        if key not in keys:
             continue
         try:
             value = float(raw)
@@ -173,10 +240,25 @@ def parse_checkpointing(
         if math.isfinite(value):
             values[key] = value
     interval = values.get(interval_key)
+    if interval is not None and interval <= 0:
+        interval = None
     duration = values.get(duration_key)
-    if interval is None or interval <= 0:
+    if duration is not None and duration < 0:
+        duration = None
+    if signal_text is not None:
+        asked_by = _signal_name(signal_text)
+    else:
+        asked_by = DEFAULT_CHECKPOINT_SIGNAL if interval is not None else None
+    if interval is None and asked_by is None:
         return Checkpointing(None, None)
-    return Checkpointing(interval, duration if duration is not None and duration >= 0 else None)
+    return Checkpointing(interval, duration, asked_by)
+
+
+def _signal_name(text: str) -> str | None:
+    """``USR1``, ``SIGUSR1`` or ``usr1`` as ``USR1``; None for ``none`` and for what is not a
+    signal a batch script can trap."""
+    name = text.upper().removeprefix("SIG")
+    return name if name in _CHECKPOINT_SIGNALS else None
 
 
 def parse_gpu_gres(text: str) -> tuple[int, str | None]:
@@ -247,7 +329,7 @@ class _Memo:
         found = self.comments.get(comment)
         if found is None:
             found = self.comments[comment] = parse_checkpointing(
-                comment, self.rules.checkpoint_keys
+                comment, self.rules.checkpoint_keys, self.rules.checkpoint_signal_key
             )
         return found
 
@@ -346,7 +428,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
     priority_min = rules.high_priority_min
     for job in jobs:
         try:
-            if not isinstance(job, SqueueJob | dict):
+            if not isinstance(job, _JobFields | dict):
                 raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
             if not _is_pending(job.get("job_state")):
                 continue
@@ -367,7 +449,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             )
             submitted = _int_field(job, "submit_time")
         except BadFieldError as exc:
-            ident = job.get("job_id", "?") if isinstance(job, SqueueJob | dict) else "?"
+            ident = job.get("job_id", "?") if isinstance(job, _JobFields | dict) else "?"
             raise SourceError(f"squeue --json: job {ident}: {exc}") from None
         yield PendingJob(
             str(job.get("job_id")),
@@ -448,13 +530,98 @@ def active_jobs_on(text: str | bytes, node: str) -> list[str]:
     """Ids of the jobs running (or finishing) on ``node``."""
     found = []
     for job in load_jobs(text):
-        if not isinstance(job, SqueueJob | dict):
+        if not isinstance(job, _JobFields | dict):
             raise SourceError("squeue --json: a job is not a JSON object")
         state = job.get("job_state")
         states = state if isinstance(state, list) else [state]
         if any(s in ACTIVE_STATES for s in states) and node in _job_nodes(job):
             found.append(str(job.get("job_id")))
     return found
+
+
+def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[RunningJob]]:
+    """Every job running (or finishing) on each node, with the GPUs it holds there: one document
+    for all nodes, so a zone-wide reclaim of hundreds of nodes costs one ``squeue``. A job on
+    several nodes is listed on each. Unlike a comment, an allocation we cannot read fails the
+    read: it is what the work at risk is counted in."""
+    memo = _Memo(rules)
+    by_node: dict[str, list[RunningJob]] = {}
+    for job in load_running_jobs(text):
+        try:
+            if not isinstance(job, _JobFields | dict):
+                raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
+            if not _is_active(job.get("job_state")):
+                continue
+            nodes = _job_nodes(job)
+            if not nodes:
+                raise BadFieldError("is running but names no node")
+            gpus = _gpus_by_node(job, nodes, memo)
+            started = _int_field(job, "start_time")
+            if started <= 0:
+                raise BadFieldError(f"start_time {started} is not a time")
+            checkpointing = memo.checkpointing(_str_field(job, "comment"))
+        except BadFieldError as exc:
+            ident = job.get("job_id", "?") if isinstance(job, _JobFields | dict) else "?"
+            raise SourceError(f"squeue --json: job {ident}: {exc}") from None
+        job_id = str(job.get("job_id"))
+        for node, count in zip(nodes, gpus, strict=True):
+            by_node.setdefault(node, []).append(
+                RunningJob(
+                    id=job_id,
+                    node=node,
+                    gpus=count,
+                    started_at=float(started),
+                    checkpoint_interval_s=checkpointing.interval_s,
+                    checkpoint_duration_s=checkpointing.duration_s,
+                    checkpoint_signal=checkpointing.signal,
+                )
+            )
+    return by_node
+
+
+def _is_active(state: Any) -> bool:
+    if isinstance(state, str):
+        return state in ACTIVE_STATES
+    if isinstance(state, list):
+        return any(s in ACTIVE_STATES for s in state)
+    raise BadFieldError(f"job_state {state!r} is not a state")
+
+
+def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
+    """GPUs the job holds on each of its nodes. ``gres_detail`` has one entry per allocated node,
+    in node order (``gpu:a100:2(IDX:0-1)``), and is exact even for ``--gpus=3`` over two nodes;
+    without it, the per-node request, else the job's total spread over its nodes."""
+    detail = job.get("gres_detail")
+    if isinstance(detail, list) and len(detail) == len(nodes):
+        counts = []
+        for entry in detail:
+            if not isinstance(entry, str):
+                raise BadFieldError(f"gres_detail entry {entry!r} is not a string")
+            try:
+                counts.append(memo.gpus(entry)[0])
+            except BadFieldError as exc:
+                raise BadFieldError(f"gres_detail {exc}") from None
+        return counts
+    per_node, _ = _gres_field(job, "tres_per_node", memo)
+    if per_node:
+        return [per_node] * len(nodes)
+    total = _allocated_gpus(_str_field(job, "tres_alloc_str"))
+    if total is None:
+        total = _job_gpus(job, memo)[0]
+    share, extra = divmod(total, len(nodes))
+    return [share + (1 if index < extra else 0) for index in range(len(nodes))]
+
+
+def _allocated_gpus(tres: str) -> int | None:
+    """``gres/gpu=N`` of a TRES string (``cpu=8,node=2,gres/gpu=6``): present only where the
+    cluster accounts GPUs as a TRES."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "gres/gpu":
+            if not value.strip().isdigit():
+                raise BadFieldError(f"tres_alloc_str '{tres}' is not a GPU count")
+            return int(value)
+    return None
 
 
 def _node(item: Any, cloud_feature: str, model_names: Callable[[str], str]) -> NodeGpus:
