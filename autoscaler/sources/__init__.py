@@ -133,6 +133,13 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
         else:
             counts[key] = 1
             oldest[key] = submitted
+    return groups_from_counts(counts, oldest)
+
+
+def groups_from_counts(
+    counts: Mapping[GroupKey, int], oldest: Mapping[GroupKey, float]
+) -> list[DemandGroup]:
+    """Demand groups from jobs counted per group key, in a stable order."""
     return [
         DemandGroup.model_construct(
             gpus_per_job=key[0],

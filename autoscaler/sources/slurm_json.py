@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
-from autoscaler.sources import GroupKey, RunningJob, SourceError
+from autoscaler.sources import GroupKey, RunningJob, SourceError, groups_from_counts
 
 PENDING = "PENDING"
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
@@ -472,22 +472,7 @@ def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
         else:
             counts[key] = item.copies
             oldest[key] = item.submit_time
-    return [
-        DemandGroup.model_construct(
-            gpus_per_job=key[0],
-            jobs=counts[key],
-            checkpoint_interval_s=key[1],
-            high_priority=key[2],
-            gpu_model=key[3],
-            partition=key[4],
-            oldest_submit_time=oldest[key],
-        )
-        for key in sorted(counts, key=_group_order)
-    ]
-
-
-def _group_order(key: GroupKey) -> tuple[int, float, bool, str, str]:
-    return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "", key[4] or "")
+    return groups_from_counts(counts, oldest)
 
 
 def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:
