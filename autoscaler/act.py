@@ -100,6 +100,7 @@ class Actuator:
                 interrupted.append((notice.instance_id, deadline))
             elif notice.kind is NoticeKind.REBALANCE:
                 at_risk.append(notice.instance_id)
+        self._drain_interrupted([node for node, _ in interrupted], records)
         self._evacuate(interrupted, at_risk, view.now, records)
         for drain in guarded.drains:
             record = self.table.get(drain.instance_id)
@@ -175,15 +176,43 @@ class Actuator:
         self.history.record(record.pool, now)
         deadline = notice.deadline if notice.deadline is not None else now
         detail = f"{notice.kind} notice, deadline in {deadline - now:.0f}s"
-        if self.scheduler is not None:
-            try:
-                self.scheduler.drain(record.id, "spot interruption notice")
-            except Exception as exc:
-                detail += f"; drain failed: {describe(exc)}"
         records.append(
             ActionRecord("interruption", record.pool, 1, 1, "ok", detail, instance_ids=(record.id,))
         )
         return True
+
+    def _drain_interrupted(self, nodes: list[str], records: list[ActionRecord]) -> None:
+        """No new work on nodes the cloud is taking back, all of them before any job is asked to
+        checkpoint; in one command per batch where the scheduler can."""
+        if self.scheduler is None or not nodes:
+            return
+        reason = "spot interruption notice"
+        drain_many = getattr(self.scheduler, "drain_many", None)
+        failures: list[tuple[str, Exception]] = []
+        if callable(drain_many):
+            try:
+                drain_many(nodes, reason)
+            except Exception as batch_error:
+                failures = [(node, batch_error) for node in nodes]
+        else:
+            for node in nodes:
+                try:
+                    self.scheduler.drain(node, reason)
+                except Exception as exc:
+                    failures.append((node, exc))
+        for node, error in failures:
+            record = self.table.get(node)
+            records.append(
+                ActionRecord(
+                    "drain",
+                    record.pool if record is not None else None,
+                    1,
+                    0,
+                    "error",
+                    f"draining an interrupted node failed: {describe(error)}",
+                    instance_ids=(node,),
+                )
+            )
 
     def _evacuate(
         self,

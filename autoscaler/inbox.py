@@ -79,6 +79,14 @@ class NoticeInbox:
         return taken
 
 
+class _Server(ThreadingHTTPServer):
+    """A zone-wide reclaim is hundreds of agents posting at once; the default backlog of five
+    would reset most of them and make them retry."""
+
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class InboxServer:
     """Serves the inbox over HTTP, or HTTPS with ``tls``. The TLS handshake runs in each
     connection's own thread (not in accept) and every request has a timeout, so a slow or stuck
@@ -98,8 +106,7 @@ class InboxServer:
         self.inbox = inbox
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
         self._token = token.encode()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), self._handler())
         if tls is not None:
             self._server.socket = tls.wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False

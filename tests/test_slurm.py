@@ -305,3 +305,15 @@ def test_a_missing_command_is_named(fake_bin: Callable[[str, str], SlurmAdapter]
     slurm = fake_bin("squeue", "exit 0\n")
     with pytest.raises(SourceError, match=r"^sinfo: not found \(.*/sinfo\)$"):
         slurm.read_nodes(0.0)
+
+
+def test_many_nodes_are_drained_in_one_command(
+    adapter: AdapterFactory, slurm_cluster: SlurmCluster
+) -> None:
+    slurm = adapter()
+    slurm.drain_many(list(slurm_cluster.onprem_nodes), "zone reclaim")
+    for node in slurm_cluster.onprem_nodes:
+        assert "DRAIN" in slurm_cluster.node_field(node, "State")
+        assert slurm_cluster.node_field(node, "Reason").startswith("zone")
+    with pytest.raises(SourceError, match="not a node name"):
+        slurm.drain_many(["ok-node", "bad node"], "x")
