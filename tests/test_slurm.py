@@ -31,18 +31,7 @@ def adapter(slurm_cluster: SlurmCluster) -> Iterator[AdapterFactory]:
         return SlurmAdapter.from_config({"slurm_conf": str(slurm_cluster.conf), **settings}, "hpc")
 
     yield make
-    slurm_cluster.cancel_all()
-    for node in slurm_cluster.onprem_nodes:
-        subprocess.run(
-            ["scontrol", "update", f"nodename={node}", "state=resume"],
-            env=slurm_cluster.env,
-            capture_output=True,
-            check=False,
-        )
-    wait_for(
-        "the cluster to be empty",
-        lambda: not slurm_cluster.run("squeue", "-h") and _onprem_idle(slurm_cluster),
-    )
+    slurm_cluster.reset()
 
 
 def _onprem_idle(cluster: SlurmCluster) -> bool:
