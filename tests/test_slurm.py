@@ -34,11 +34,6 @@ def adapter(slurm_cluster: SlurmCluster) -> Iterator[AdapterFactory]:
     slurm_cluster.reset()
 
 
-def _onprem_idle(cluster: SlurmCluster) -> bool:
-    states = cluster.run("sinfo", "-h", "-N", "-p", "onprem", "-o", "%t").split()
-    return bool(states) and all(s == "idle" for s in states)
-
-
 def _drain_onprem(cluster: SlurmCluster) -> None:
     for node in cluster.onprem_nodes:
         cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
