@@ -88,6 +88,7 @@ class Actuator:
         self.retry = retry
         self.evacuator = evacuator
         self._pools = {p.name: p for p in config.pools}
+        self._scale_down_evacuations: set[str] = set()
 
     def act(self, view: FleetView, guarded: GuardedPlan) -> list[ActionRecord]:
         records: list[ActionRecord] = []
@@ -107,6 +108,7 @@ class Actuator:
             if record is None or record.state not in _DRAINABLE:
                 continue
             record.move(InstanceState.DRAINING, view.now, drain.reason)
+            record.move_jobs = drain.move_jobs
             self.memory.last_scale_down[record.pool] = view.now
             records.append(
                 ActionRecord(
@@ -233,6 +235,9 @@ class Actuator:
             moves += self.evacuator.progress(now)
         except Exception as exc:
             records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))
+        self._record_moves(moves, records)
+
+    def _record_moves(self, moves: list[JobMove], records: list[ActionRecord]) -> None:
         for move in moves:
             record = self.table.get(move.node)
             records.append(
@@ -298,7 +303,10 @@ class Actuator:
                     )
                     continue
             started = record.drain_started_at if record.drain_started_at is not None else view.now
-            if running and view.now - started < self.config.drain_timeout_s:
+            moving = record.move_jobs and self.evacuator is not None
+            if running and not moving and view.now - started < self.config.drain_timeout_s:
+                continue
+            if running and self._leaving_at_checkpoints(record.id, view.now, records):
                 continue
             if running and self.scheduler is not None:
                 try:
@@ -329,6 +337,26 @@ class Actuator:
                 )
             to_terminate.append(record)
         self._terminate(to_terminate, view.now, "drained", records)
+
+    def _leaving_at_checkpoints(self, node: str, now: float, records: list[ActionRecord]) -> bool:
+        """True while the jobs of a node being given back are waited on for a checkpoint. They
+        are handed to the evacuator, which bounds the wait, when the drain times out, or at once
+        when the plan asked for them to move."""
+        wait_s = self.config.interruptions.drain_checkpoint_wait_s
+        if self.evacuator is None:
+            return False
+        if node in self._scale_down_evacuations:
+            return self.evacuator.busy(node)
+        self._scale_down_evacuations.add(node)
+        try:
+            moves = self.evacuator.scale_down([node], now, wait_s)
+        except Exception as exc:
+            records.append(
+                ActionRecord("evacuate", None, 1, 0, "error", describe(exc), instance_ids=(node,))
+            )
+            return False
+        self._record_moves(moves, records)
+        return self.evacuator.busy(node)
 
     def _finish_interrupted(self, now: float, records: list[ActionRecord]) -> None:
         """An instance the cloud said it would take back and still lists well past the deadline
@@ -389,6 +417,7 @@ class Actuator:
                 continue
             for record in group:
                 record.move(InstanceState.TERMINATING, now, why)
+                self._scale_down_evacuations.discard(record.id)
             for pool in sorted({r.pool for r in group}):
                 pool_ids = tuple(r.id for r in group if r.pool == pool)
                 records.append(

@@ -73,6 +73,16 @@ class CheckpointLedger:
                 return declared
             return max(entry.durations)
 
+    def resume_point(self, job_id: str, started_at: float) -> float:
+        """Where the job would pick up if it stopped now: its last checkpoint of this run, else
+        its start."""
+        last = self.last(job_id)
+        return max(last, started_at) if last is not None else started_at
+
+    def unsaved_gpu_s(self, job_id: str, gpus: int, started_at: float, now: float) -> float:
+        """The work stopping the job now would throw away: GPUs × time since it last saved."""
+        return gpus * max(0.0, now - self.resume_point(job_id, started_at))
+
     def forget(self, job_ids: set[str]) -> None:
         """Jobs that ended: their checkpoints no longer matter."""
         with self._lock:

@@ -100,16 +100,24 @@ class MetricsConfig(Frozen):
 
 
 class InterruptionConfig(Frozen):
-    """How a node the cloud takes back is evacuated: a job is asked to checkpoint when its
-    expected checkpoint time plus ``checkpoint_margin_s`` fits before the deadline less
-    ``requeue_lead_s`` (the time a requeue needs); on a rebalance recommendation, with
-    ``act_on_rebalance``, jobs whose checkpoint is younger than ``fresh_checkpoint_s`` move at
-    once and the rest as soon as they next save."""
+    """How jobs leave a node that is going away, by what each can save.
 
+    On a notice, a job is asked to checkpoint when its expected checkpoint time plus
+    ``checkpoint_margin_s`` fits before the deadline less ``requeue_lead_s`` (the time a requeue
+    needs); on a rebalance recommendation, with ``act_on_rebalance``, jobs whose checkpoint is
+    younger than ``fresh_checkpoint_s`` move at once and the rest as soon as they next save. On
+    a scale-down whose jobs outlast ``drain_timeout_s``, a job may be waited on for up to
+    ``drain_checkpoint_wait_s`` more for its next checkpoint. ``checkpoint_aware: false`` turns
+    all of this off (nodes are drained, and their jobs lose what they have not saved): the
+    baseline the dry-run report compares with.
+    """
+
+    checkpoint_aware: bool = True
     checkpoint_margin_s: NonNegativeFloat = 10.0
     requeue_lead_s: NonNegativeFloat = 5.0
     act_on_rebalance: bool = False
     fresh_checkpoint_s: PositiveFloat = 300.0
+    drain_checkpoint_wait_s: NonNegativeFloat = 600.0
 
 
 class ControllerConfig(Frozen):

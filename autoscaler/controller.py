@@ -88,13 +88,26 @@ class Controller:
         self.memory = GuardMemory()
         self.signals = signals or Signals(queues=tuple(queue_sources), nodes=node_source)
         self.metrics = metrics
-        self.observer = Observer(
-            config, providers, self.signals, self.table, self.capacity, self.history
-        )
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
+        checkpointing = (
+            scheduler
+            if isinstance(scheduler, CheckpointingScheduler)
+            and config.interruptions.checkpoint_aware
+            else None
+        )
+        self.observer = Observer(
+            config,
+            providers,
+            self.signals,
+            self.table,
+            self.capacity,
+            self.history,
+            checkpointing,
+            self.checkpoints,
+        )
         self.evacuator = (
             Evacuator(
-                scheduler,
+                checkpointing,
                 self.checkpoints,
                 EvacuationSettings(
                     checkpoint_margin_s=config.interruptions.checkpoint_margin_s,
@@ -102,7 +115,7 @@ class Controller:
                     fresh_checkpoint_s=config.interruptions.fresh_checkpoint_s,
                 ),
             )
-            if isinstance(scheduler, CheckpointingScheduler)
+            if checkpointing is not None
             else None
         )
         self.actuator = Actuator(

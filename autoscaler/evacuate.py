@@ -10,6 +10,10 @@ resumes from, in GPU-seconds.
 On a rebalance recommendation (AWS's "elevated risk", opt-in), jobs whose checkpoint is fresh
 move at once and the others move as soon as they next report a checkpoint, before any warning.
 
+On a scale-down whose drain outlived its jobs' welcome, each job leaves at whichever checkpoint
+comes first within a bounded wait, its next natural one or one asked for now, instead of being
+killed just before it would have saved; a job with neither in reach leaves at once.
+
 Signals and requeues of many nodes go out in parallel (a zone-wide reclaim is hundreds of nodes
 in one tick); the run loop is woken by each checkpoint report and at the next wait's end, so a
 waiting job is requeued within moments of either.
@@ -18,7 +22,7 @@ waiting job is requeued within moments of either.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,6 +39,7 @@ class Move(StrEnum):
     REQUEUED = "requeued"
     REQUEUED_AFTER_CHECKPOINT = "requeued-after-checkpoint"
     REQUEUED_AT_DEADLINE = "requeued-at-deadline"
+    CHECKPOINT_AWAITED = "checkpoint-awaited"
     FAILED = "failed"
 
 
@@ -87,8 +92,7 @@ class Evacuator:
 
     def interrupted(self, nodes: Sequence[tuple[str, float]], now: float) -> list[JobMove]:
         """Nodes with a termination notice and their deadlines."""
-        jobs = self._jobs_of([node for node, _ in nodes])
-        moves: list[JobMove] = []
+        jobs = running_jobs_on(self.scheduler, [node for node, _ in nodes])
         calls: list[tuple[Callable[[], None], JobMove]] = []
         for node, deadline in nodes:
             evacuation = self._nodes.setdefault(node, _Evacuation(node, deadline))
@@ -96,7 +100,7 @@ class Evacuator:
             for job in jobs.get(node, ()):
                 if job.id in evacuation.waiting:
                     continue
-                resume_from = self._resume_point(job)
+                resume_from = self.ledger.resume_point(job.id, job.started_at)
                 expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
                 requeue_by = deadline - self.settings.requeue_lead_s
                 fits = (
@@ -125,25 +129,12 @@ class Evacuator:
                         else f"a {expected:.0f}s checkpoint does not fit in {deadline - now:.0f}s"
                     )
                     calls.append(self._requeue(job, now, resume_from, Move.REQUEUED, why))
-        moves.extend(self._run(calls))
-        unasked = [
-            m for m in moves if m.move is Move.FAILED and m.detail.startswith(Move.CHECKPOINT_ASKED)
-        ]
-        retries = []
-        for move in unasked:
-            waiting = self._nodes[move.node].waiting.pop(move.job_id)
-            retries.append(
-                self._requeue(
-                    waiting.job, now, waiting.resume_from, Move.REQUEUED, "the signal failed"
-                )
-            )
-        moves.extend(self._run(retries))
-        return moves
+        return self._ask(calls, now)
 
     def at_risk(self, nodes: Sequence[str], now: float) -> list[JobMove]:
         """Nodes the cloud says are at elevated risk: move what has just saved, and the rest as
         soon as it next saves; the node is not waited on past that."""
-        jobs = self._jobs_of(nodes)
+        jobs = running_jobs_on(self.scheduler, nodes)
         calls: list[tuple[Callable[[], None], JobMove]] = []
         for node in nodes:
             evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
@@ -158,9 +149,76 @@ class Evacuator:
                         )
                     )
                 elif job.checkpoint_signal is not None:
-                    resume_from = self._resume_point(job)
+                    resume_from = self.ledger.resume_point(job.id, job.started_at)
                     evacuation.waiting[job.id] = _Waiting(job, now, resume_from, float("inf"))
         return self._run(calls)
+
+    def scale_down(self, nodes: Sequence[str], now: float, wait_s: float) -> list[JobMove]:
+        """Nodes the plan gives back whose jobs are still there when the drain times out."""
+        jobs = running_jobs_on(self.scheduler, nodes)
+        margin = self.settings.checkpoint_margin_s
+        moves: list[JobMove] = []
+        calls: list[tuple[Callable[[], None], JobMove]] = []
+        for node in nodes:
+            evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
+            for job in jobs.get(node, ()):
+                if job.id in evacuation.waiting:
+                    continue
+                resume_from = self.ledger.resume_point(job.id, job.started_at)
+                expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
+                natural: float | None = None
+                if job.checkpoint_interval_s is not None:
+                    natural = resume_from + job.checkpoint_interval_s + (expected or 0.0)
+                    if natural <= now:
+                        natural = None  # overdue and unreported: not to be counted on
+                asked = (
+                    now + expected
+                    if job.checkpoint_signal is not None and expected is not None
+                    else None
+                )
+                in_reach = [
+                    t for t in (natural, asked) if t is not None and t + margin <= now + wait_s
+                ]
+                if now - resume_from <= margin or not in_reach:
+                    why = (
+                        "it has just saved"
+                        if now - resume_from <= margin
+                        else f"no checkpoint of its comes within {wait_s:.0f}s"
+                    )
+                    calls.append(
+                        self._requeue(job, now, resume_from, Move.REQUEUED, f"scale-down: {why}")
+                    )
+                    continue
+                ready = min(in_reach)
+                evacuation.waiting[job.id] = _Waiting(job, now, resume_from, ready + margin)
+                if asked is not None and (natural is None or asked < natural):
+                    calls.append(
+                        (
+                            _bind(self.scheduler.signal, job.id, job.checkpoint_signal or ""),
+                            JobMove(
+                                job.id,
+                                node,
+                                Move.CHECKPOINT_ASKED,
+                                detail=f"scale-down: a checkpoint now ({expected:.0f}s) comes "
+                                "before its next one",
+                            ),
+                        )
+                    )
+                else:
+                    moves.append(
+                        JobMove(
+                            job.id,
+                            node,
+                            Move.CHECKPOINT_AWAITED,
+                            detail=f"scale-down: its next checkpoint is due in {ready - now:.0f}s",
+                        )
+                    )
+        return moves + self._ask(calls, now)
+
+    def busy(self, node: str) -> bool:
+        """Whether jobs on ``node`` are still being waited on."""
+        evacuation = self._nodes.get(node)
+        return evacuation is not None and bool(evacuation.waiting)
 
     def progress(self, now: float) -> list[JobMove]:
         """Requeue the jobs that have reported their checkpoint, and those whose wait is over."""
@@ -210,19 +268,19 @@ class Evacuator:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _jobs_of(self, nodes: Sequence[str]) -> dict[str, Sequence[RunningJob]]:
-        if not nodes:
-            return {}
-        bulk = getattr(self.scheduler, "running_jobs_by_node", None)
-        if len(nodes) > 1 and callable(bulk):
-            every: dict[str, Sequence[RunningJob]] = bulk()
-            return {node: every.get(node, ()) for node in nodes}
-        return {node: self.scheduler.running_jobs(node) for node in nodes}
-
-    def _resume_point(self, job: RunningJob) -> float:
-        """Where a requeued job picks up: its last reported checkpoint, else its start."""
-        last = self.ledger.last(job.id)
-        return max(last, job.started_at) if last is not None else job.started_at
+    def _ask(self, calls: list[tuple[Callable[[], None], JobMove]], now: float) -> list[JobMove]:
+        """Send the signals and requeues; a job whose signal failed is requeued at once."""
+        moves = self._run(calls)
+        retries = []
+        for move in moves:
+            if move.move is Move.FAILED and move.detail.startswith(Move.CHECKPOINT_ASKED):
+                waiting = self._nodes[move.node].waiting.pop(move.job_id)
+                retries.append(
+                    self._requeue(
+                        waiting.job, now, waiting.resume_from, Move.REQUEUED, "the signal failed"
+                    )
+                )
+        return moves + self._run(retries)
 
     def _requeue(
         self, job: RunningJob, now: float, resume_from: float, move: Move, why: str
@@ -240,6 +298,19 @@ class Evacuator:
         for move in outcomes:
             log.info("evacuate %s on %s: %s (%s)", move.job_id, move.node, move.move, move.detail)
         return outcomes
+
+
+def running_jobs_on(
+    scheduler: CheckpointingScheduler, nodes: Sequence[str]
+) -> dict[str, Sequence[RunningJob]]:
+    """The jobs on each node, in one listing where the scheduler can list every node at once."""
+    if not nodes:
+        return {}
+    bulk = getattr(scheduler, "running_jobs_by_node", None)
+    if len(nodes) > 1 and callable(bulk):
+        every: Mapping[str, Sequence[RunningJob]] = bulk()
+        return {node: every.get(node, ()) for node in nodes}
+    return {node: scheduler.running_jobs(node) for node in nodes}
 
 
 def _bind(function: Callable[..., None], *args: str) -> Callable[[], None]:

@@ -48,6 +48,7 @@ class InstanceRecord:
     history: list[tuple[InstanceState, float, str]] = field(default_factory=list)
     drain_started_at: float | None = None
     interrupt_deadline: float | None = None
+    move_jobs: bool = False
 
     def move(self, state: InstanceState, now: float, reason: str = "") -> None:
         if state is self.state:

@@ -111,6 +111,16 @@ class CloudNode(Frozen):
     the idle threshold; both are ``None`` while unknown, which is never the same as idle.
     ``empty_since`` is the scheduler's view (no job allocated since then), the signal that
     allocation-based autoscalers use.
+
+    ``underused_since`` is when the node last went from more than half of its GPUs allocated
+    to at most half (and at least one), ``None`` while more are, or none.
+
+    ``work_at_risk_gpu_s`` is what draining the node now would throw away: GPUs × time since
+    each of its jobs last saved a checkpoint; ``jobs_checkpoint`` says whether every job on it
+    saves checkpoints, so that moving them costs only what they have not saved yet. Both are
+    known (0 and True when it holds no job) for the nodes a policy may give back, those whose
+    GPUs read idle and those underused, where a checkpointing scheduler is configured; ``None``
+    elsewhere.
     """
 
     instance_id: str
@@ -123,6 +133,9 @@ class CloudNode(Frozen):
     idle_since: float | None = None
     empty_since: float | None = None
     joined: bool = False
+    underused_since: float | None = None
+    work_at_risk_gpu_s: NonNegativeFloat | None = None
+    jobs_checkpoint: bool | None = None
 
 
 class OnPremNode(Frozen):
@@ -326,8 +339,12 @@ class LaunchRequest(Frozen):
 
 
 class DrainRequest(Frozen):
+    """Give a node back. Its jobs may finish first (up to the drain timeout), or, with
+    ``move_jobs``, leave at once at their next checkpoint (consolidating an underused node)."""
+
     instance_id: str
     reason: str = ""
+    move_jobs: bool = False
 
 
 class Plan(Frozen):

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from autoscaler.capacity import CapacityCache, InterruptionHistory
+from autoscaler.checkpoints import CheckpointLedger
 from autoscaler.config import ControllerConfig
 from autoscaler.errors import describe
+from autoscaler.evacuate import running_jobs_on
 from autoscaler.lifecycle import InstanceTable, SyncReport
 from autoscaler.model import (
     CloudNode,
@@ -30,7 +32,14 @@ from autoscaler.model import (
     PriceQuote,
 )
 from autoscaler.provider import Provider
-from autoscaler.sources import NodeReading, NodeSource, NodeUsage, QueueSource, TelemetrySource
+from autoscaler.sources import (
+    CheckpointingScheduler,
+    NodeReading,
+    NodeSource,
+    NodeUsage,
+    QueueSource,
+    TelemetrySource,
+)
 from autoscaler.telemetry import IdleTracker, apply
 
 log = logging.getLogger(__name__)
@@ -72,8 +81,12 @@ class Observer:
         table: InstanceTable,
         capacity: CapacityCache,
         history: InterruptionHistory,
+        jobs: CheckpointingScheduler | None = None,
+        checkpoints: CheckpointLedger | None = None,
     ) -> None:
         self.config = config
+        self.jobs = jobs
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
         self.providers = providers
         self.signals = signals
         self.table = table
@@ -83,7 +96,8 @@ class Observer:
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
         self._last_prices: dict[str, PriceQuote] = {}
-        self._node_cache: dict[str, tuple[InstanceState, NodeUsage | None, CloudNode]] = {}
+        self._node_cache: dict[str, tuple[object, CloudNode]] = {}
+        self._underused_since: dict[str, float] = {}
 
     def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
         errors: list[str] = []
@@ -124,6 +138,8 @@ class Observer:
         self.history.expose(running, now)
         demand = self._read_demand(now, errors, status)
         reading = self._read_nodes(now, errors, status)
+        underused = self._underused(now, reading.cloud)
+        at_risk = self._jobs_at_risk(now, reading.cloud, underused, errors)
         for inbox in self.signals.notices:
             notices.extend(inbox.take())
         notices = [self._with_pool(n) for n in notices]
@@ -134,7 +150,7 @@ class Observer:
             fleet_id=self.config.fleet_id,
             pools=self._pool_views(now),
             onprem=reading.onprem,
-            instances=self._cloud_nodes(reading.cloud),
+            instances=self._cloud_nodes(reading.cloud, underused, at_risk),
             demand=demand,
             notices=tuple(n for n in notices if n.instance_id in owned),
             last_plan=last_plan,
@@ -207,16 +223,80 @@ class Observer:
         )
         return NodeReading(onprem, apply(reading.cloud, measured))
 
-    def _cloud_nodes(self, usage: Mapping[str, NodeUsage]) -> tuple[CloudNode, ...]:
+    def _underused(self, now: float, usage: Mapping[str, NodeUsage]) -> dict[str, float]:
+        """Since when each running node has had at most half of its GPUs allocated (and at least
+        one): a node kept up for a job or two it could hand on."""
+        since: dict[str, float] = {}
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            if record.state is not InstanceState.RUNNING or seen is None:
+                continue
+            if 0 < seen.gpus_allocated * 2 <= record.gpus:
+                since[record.id] = self._underused_since.get(record.id, now)
+        self._underused_since = since
+        return since
+
+    def _jobs_at_risk(
+        self,
+        now: float,
+        usage: Mapping[str, NodeUsage],
+        underused: Mapping[str, float],
+        errors: list[str],
+    ) -> dict[str, tuple[float, bool]]:
+        """For each node a policy may give back, what draining it would throw away and whether
+        all its jobs checkpoint. Only nodes whose GPUs read idle, or that are underused, are
+        asked about, so a busy fleet costs no extra scheduler query."""
+        if self.jobs is None:
+            return {}
+        found: dict[str, tuple[float, bool]] = {}
+        ask: list[str] = []
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            if record.state is not InstanceState.RUNNING or seen is None:
+                continue
+            if seen.gpus_allocated == 0:
+                found[record.id] = (0.0, True)
+            elif seen.idle_since is not None or record.id in underused:
+                ask.append(record.id)
+        if not ask:
+            return found
+        try:
+            running = running_jobs_on(self.jobs, ask)
+        except Exception as exc:
+            errors.append(f"scheduler: listing running jobs failed: {describe(exc)}")
+            return found
+        for node in ask:
+            jobs = running.get(node, ())
+            found[node] = (
+                sum(
+                    self.checkpoints.unsaved_gpu_s(job.id, job.gpus, job.started_at, now)
+                    for job in jobs
+                ),
+                all(
+                    job.checkpoint_interval_s is not None or job.checkpoint_signal is not None
+                    for job in jobs
+                ),
+            )
+        return found
+
+    def _cloud_nodes(
+        self,
+        usage: Mapping[str, NodeUsage],
+        underused: Mapping[str, float],
+        at_risk: Mapping[str, tuple[float, bool]],
+    ) -> tuple[CloudNode, ...]:
         """One ``CloudNode`` per live record; last tick's object is reused when nothing about
         the node changed, since most of a large fleet is the same from one tick to the next."""
         nodes = []
-        cache: dict[str, tuple[InstanceState, NodeUsage | None, CloudNode]] = {}
+        cache: dict[str, tuple[object, CloudNode]] = {}
         for record in self.table.live():
             seen = usage.get(record.id)
+            since = underused.get(record.id)
+            risk = at_risk.get(record.id)
+            key = (record.state, seen, since, risk)
             cached = self._node_cache.get(record.id)
-            if cached is not None and cached[0] is record.state and cached[1] == seen:
-                node = cached[2]
+            if cached is not None and cached[0] == key:
+                node = cached[1]
             else:
                 node = CloudNode.model_construct(
                     instance_id=record.id,
@@ -229,8 +309,11 @@ class Observer:
                     idle_since=seen.idle_since if seen else None,
                     empty_since=seen.empty_since if seen else None,
                     joined=seen is not None,
+                    underused_since=since,
+                    work_at_risk_gpu_s=risk[0] if risk is not None else None,
+                    jobs_checkpoint=risk[1] if risk is not None else None,
                 )
-            cache[record.id] = (record.state, seen, node)
+            cache[record.id] = (key, node)
             nodes.append(node)
         self._node_cache = cache
         return tuple(nodes)

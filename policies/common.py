@@ -73,7 +73,7 @@ class Supply:
     """Free GPUs on nodes that are up or on their way, bucketed by size and market.
 
     ``idle`` lists the cloud nodes a policy is thinking of draining; they are offered to pending
-    jobs last, and one that receives a job is kept.
+    jobs last, those with the most unsaved work first, and one that receives a job is kept.
     """
 
     buckets: dict[tuple[Capacity, int], int] = field(default_factory=dict)
@@ -132,6 +132,7 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
             continue
         free = node.gpus - node.gpus_allocated if node.joined else node.gpus
         result.add(free, kind)
+    result.idle.sort(key=_most_at_risk_first)
     return result
 
 
@@ -189,6 +190,12 @@ def unmet(needs: list[Need], available: Supply) -> list[Need]:
         if remaining:
             left.append(Need(size, remaining, need.tiers, need.checkpoint_interval_s))
     return left
+
+
+def _most_at_risk_first(item: tuple[CloudNode, Capacity]) -> float:
+    """Idle nodes taken for pending work are those that would lose most if drained."""
+    risk = item[0].work_at_risk_gpu_s
+    return -(risk or 0.0)
 
 
 @dataclass
@@ -338,6 +345,35 @@ def idle_nodes(
     return found
 
 
+def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
+    """Running multi-GPU cloud nodes that have had at most half of their GPUs allocated for
+    ``wait_s`` (each pool's boot time when None) and whose jobs all checkpoint: nodes whose few
+    jobs could move at their next checkpoint and let the node go."""
+    pools = view.pool_by_name
+    found = []
+    for node in view.instances:
+        if node.state is not InstanceState.RUNNING or node.underused_since is None:
+            continue
+        if node.jobs_checkpoint is not True:
+            continue
+        wait = wait_s
+        if wait is None:
+            pool = pools.get(node.pool)
+            wait = pool.pool.boot_seconds if pool is not None else 0.0
+        if view.now - node.underused_since >= wait:
+            found.append(node)
+    return found
+
+
+def onprem_room(available: Supply) -> list[int]:
+    """Free on-prem GPUs per node left in ``available`` (after pending work took its share)."""
+    room: list[int] = []
+    for (kind, free), count in available.buckets.items():
+        if kind is Capacity.ONPREM:
+            room.extend([free] * count)
+    return sorted(room)
+
+
 def unobserved_nodes(view: FleetView, idle_seconds: float | None) -> list[CloudNode]:
     """Running cloud nodes no scheduler or telemetry reports on, past their boot and idle time.
 
@@ -360,13 +396,17 @@ def unobserved_nodes(view: FleetView, idle_seconds: float | None) -> list[CloudN
 def drain_requests(
     nodes: Iterable[CloudNode], keep: set[str], view: FleetView, reason: str
 ) -> tuple[DrainRequest, ...]:
-    """Drains for idle nodes not kept for pending work, the most expensive first."""
+    """Drains for idle nodes not kept for pending work: first those whose jobs would lose the
+    least unsaved work (nodes of unknown risk after every known one), then the most expensive.
+    The guard admits drains in this order, so a rate limit spares the nodes with most to lose."""
     pools = view.pool_by_name
 
-    def price(node: CloudNode) -> float:
+    def order(node: CloudNode) -> tuple[bool, float, float, str]:
         quote = pools[node.pool].price if node.pool in pools else None
-        return quote.price_per_hour if quote is not None else 0.0
+        price = quote.price_per_hour if quote is not None else 0.0
+        risk = node.work_at_risk_gpu_s
+        return (risk is None, risk or 0.0, -price, node.instance_id)
 
     chosen = [n for n in nodes if n.instance_id not in keep]
-    chosen.sort(key=lambda n: (-price(n), n.instance_id))
+    chosen.sort(key=order)
     return tuple(DrainRequest(instance_id=n.instance_id, reason=reason) for n in chosen)

@@ -9,23 +9,36 @@ happens to show no allocation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.model import Capacity, FleetView, OnPremUse, Placement, Plan, PoolView
+from autoscaler.model import (
+    Capacity,
+    CloudNode,
+    DrainRequest,
+    FleetView,
+    OnPremUse,
+    Placement,
+    Plan,
+    PoolView,
+)
 from policies.common import (
     Need,
     Offer,
+    Supply,
     displaced,
     drain_requests,
     effective_cost_per_hour,
     headroom,
     idle_nodes,
     needs_from,
+    onprem_room,
     pack,
     supply,
+    underused_nodes,
     unmet,
     unobserved_nodes,
 )
@@ -77,6 +90,15 @@ class CostAwareParams(BaseModel):
         description="checkpoint interval assumed for work displaced by a notice when pricing "
         "its replacement",
     )
+    consolidate_below: float | None = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="move the jobs off a multi-GPU cloud node that has had at most half of its "
+        "GPUs allocated for idle_seconds, when they all checkpoint and hosting them elsewhere "
+        "(free on-prem GPUs, or the cheapest offer) costs at most this share of the node's "
+        "price; they leave at their next checkpoint. Unset: never",
+    )
     keep_uncheckpointable_off_spot: bool = Field(
         True, description="run jobs that cannot checkpoint on on-prem or on-demand only"
     )
@@ -126,7 +148,16 @@ class CostAwarePolicy:
         idle = idle_nodes(view, self.params.idle_seconds, by_allocation=False)
         if self.params.unobserved_nodes == "surplus":
             idle += unobserved_nodes(view, self.params.idle_seconds)
-        available = supply(view, idle)
+        underused = (
+            [
+                n
+                for n in underused_nodes(view, self.params.idle_seconds)
+                if n.instance_id not in {i.instance_id for i in idle}
+            ]
+            if self.params.consolidate_below is not None
+            else []
+        )
+        available = supply(view, idle + underused)
         groups = list(view.demand.groups)
         if self.params.replace_on_notice:
             groups += displaced(view, self.params.displaced_checkpoint_interval_s)
@@ -146,12 +177,66 @@ class CostAwarePolicy:
             lambda need, chosen: [o.name for o in offers_for(need)],
         )
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
+        moves = self._consolidations(view, underused, available, rates)
         return Plan(
             launches=tuple(launches),
-            drains=drains,
+            drains=drains + moves,
             placement=self.placement,
             reason=f"{sum(n.jobs for n in needs)} pending job(s) need new capacity",
         )
+
+    def _consolidations(
+        self,
+        view: FleetView,
+        underused: list[CloudNode],
+        available: Supply,
+        rates: Mapping[str, float],
+    ) -> tuple[DrainRequest, ...]:
+        """Underused nodes no pending job is using whose jobs are cheaper to host elsewhere:
+        on on-prem GPUs left free, or on the cheapest offer for their GPUs."""
+        limit = self.params.consolidate_below
+        if limit is None or not underused:
+            return ()
+        room = onprem_room(available)
+        moves = []
+        for node in sorted(underused, key=lambda n: (n.gpus_allocated, n.instance_id)):
+            if node.instance_id in available.kept:
+                continue
+            pool = view.pool_by_name.get(node.pool)
+            if pool is None or pool.price is None or pool.price.price_per_hour <= 0:
+                continue
+            size = node.gpus_allocated
+            tiers = (
+                self.placement.tiers(True, False)
+                if pool.pool.is_spot
+                else (Capacity.ONPREM, Capacity.ON_DEMAND)
+            )
+            home = next((i for i, free in enumerate(room) if free >= size), None)
+            if home is not None and Capacity.ONPREM in tiers:
+                room[home] -= size
+                room.sort()
+                elsewhere = 0.0
+            else:
+                need = Need(size, 1, tiers, self.params.displaced_checkpoint_interval_s)
+                elsewhere = min(
+                    (
+                        math.ceil(size / o.gpus) * o.cost_per_hour
+                        for o in self._offers(view, need, rates)
+                        if o.name != node.pool and o.gpus >= size
+                    ),
+                    default=math.inf,
+                )
+            if elsewhere <= limit * pool.price.price_per_hour:
+                moves.append(
+                    DrainRequest(
+                        instance_id=node.instance_id,
+                        reason=f"underused: {size} of {node.gpus} GPUs allocated; its jobs "
+                        f"move at their next checkpoint to capacity costing "
+                        f"${elsewhere:.2f}/h instead of ${pool.price.price_per_hour:.2f}/h",
+                        move_jobs=True,
+                    )
+                )
+        return tuple(moves)
 
     def _offers(self, view: FleetView, need: Need, rates: Mapping[str, float]) -> list[Offer]:
         offers = []
