@@ -93,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
             help="compare only these policies from the scenario (repeatable)",
         )
         report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
+        report.add_argument(
+            "--no-checkpoint-comparison",
+            action="store_true",
+            help="skip replaying the default policy with checkpoint awareness flipped",
+        )
         report.add_argument("--no-progress", action="store_true", help="no progress bar")
         report.set_defaults(run=_report)
     return parser
@@ -215,7 +220,7 @@ def _param_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
 def _report(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from autoscaler.report.build import build_report
+    from autoscaler.report.build import DEFAULT_POLICY, build_report
     from autoscaler.report.render import summary_markdown
     from autoscaler.report.write import write_report
     from autoscaler.sim.engine import prepare, simulate
@@ -253,12 +258,24 @@ def _report(args: argparse.Namespace) -> int:
                 bar.update(round(t / 3600) - bar.n)
 
             results.append(simulate(prepared, spec, index, progress))
+    flipped = None
+    compared = next(
+        ((i, s) for i, s in specs if s.name == DEFAULT_POLICY), specs[0] if specs else None
+    )
+    if compared is not None and not args.no_checkpoint_comparison:
+        index, spec = compared
+        flipped = simulate(
+            prepared,
+            spec,
+            index,
+            checkpoint_aware=not scenario.controller.interruptions.checkpoint_aware,
+        )
     bounds = (
         []
         if args.no_lower_bound or not scenario.lower_bound.enabled
         else compute_lower_bounds(prepared)
     )
-    report = build_report(prepared, results, bounds)
+    report = build_report(prepared, results, bounds, flipped)
     written = write_report(report, args.out)
     print(summary_markdown(report))
     print("\nwritten: " + ", ".join(str(p) for p in written))

@@ -38,6 +38,38 @@ def test_report_writes_json_markdown_and_html(tmp_path: Path) -> None:
     html = (out / "report.html").read_text()
     assert "<svg" in html and "cheapest-spot" in html
     assert (out / "report.md").read_text().startswith("#")
+    comparison = report.checkpoint_comparison
+    assert comparison is not None and comparison.policy == "cost-aware"
+    default = report.policies[0]
+    assert comparison.aware.gpu_hours_lost == default.gpu_hours.lost, "the default's own run"
+    assert comparison.aware.cost == default.cost
+    assert "Checkpoint awareness (cost-aware, same trace)" in done.stdout
+    assert "| cost-aware: without |" in done.stdout
+
+
+def test_checkpoint_awareness_loses_less_work_on_the_same_trace(tmp_path: Path) -> None:
+    availability = "".join(
+        f"t,availability,1-node,aws,z,small,2024-01-01,60,{a},{a + 10},{a * 60},600,"
+        f"{int(a % 20 == 0)}\n"
+        for a in range(0, 1440, 10)
+    )
+    jobs = [job_row("local", 0, 86000)] + [
+        job_row(f"j{i}", i * 1200, 2400 + 300 * (i % 5)) for i in range(40)
+    ]
+    scenario = small_scenario(
+        tmp_path,
+        jobs=jobs,
+        availability=availability,
+        market="pools: {spot: {availability_trace: t}}",
+    )
+    out = tmp_path / "out"
+    args = ["report", "--scenario", str(scenario), "--out", str(out), "--no-progress"]
+    done = run(*args, "--policy", "cost-aware", "--no-lower-bound")
+    assert done.returncode == 0, done.stderr
+    comparison = Report.model_validate_json((out / "report.json").read_text()).checkpoint_comparison
+    assert comparison is not None
+    assert comparison.aware.interruptions > 0 and comparison.unaware.interruptions > 0
+    assert comparison.aware.gpu_hours_lost < comparison.unaware.gpu_hours_lost
 
 
 def test_one_policy_without_the_bound(tmp_path: Path) -> None:

@@ -132,15 +132,26 @@ def test_availability_trace_interrupts_with_the_cloud_notice_lead_and_work_is_re
         availability=availability,
         market="pools: {spot: {availability_trace: t}}",
     )
-    result = replay(path, "cheapest-spot", {"idle_seconds": 0})
-    assert result.interruptions == 1
+    unaware = replay(path, "cheapest-spot", {"idle_seconds": 0}, checkpoint_aware=False)
+    assert unaware.interruptions == 1
     # the job started when the node joined (60 s); capacity vanished at 1000 s and the node was
     # reclaimed 120 s later. It had finished one 600 s + 10 s checkpoint cycle, so it keeps
     # 600 s of work and loses the 450 s after the checkpoint.
-    assert result.lost_gpu_s == pytest.approx(1120 - 60 - 610)
-    assert result.requeues == 1
-    assert result.jobs_finished == 2, "capacity is back at 2000 s and the job resumes"
-    assert result.useful_gpu_s == pytest.approx(80000 + 3000)
+    assert unaware.lost_gpu_s == pytest.approx(1120 - 60 - 610)
+    assert unaware.requeues == 1
+    assert unaware.jobs_finished == 2, "capacity is back at 2000 s and the job resumes"
+    assert unaware.useful_gpu_s == pytest.approx(80000 + 3000)
+
+    aware = replay(path, "cheapest-spot", {"idle_seconds": 0})
+    # the notice at 1000 s wakes the controller, which asks the job to checkpoint (10 s fits in
+    # the 120 s lead) and requeues it the moment the checkpoint is reported: nothing is lost,
+    # and the 10 s write is the only price
+    assert aware.interruptions == 1
+    assert aware.lost_gpu_s == pytest.approx(0.0)
+    assert aware.requeues == 1
+    assert aware.checkpoint_gpu_s == pytest.approx(unaware.checkpoint_gpu_s + 10)
+    assert aware.jobs_finished == 2
+    assert aware.useful_gpu_s == pytest.approx(80000 + 3000)
 
 
 def test_capacity_failure_falls_back_to_on_demand_in_the_same_tick(tmp_path: Path) -> None:

@@ -264,3 +264,50 @@ def test_never_over_commits_and_conserves_gpu_seconds(
             assert math.isclose(job.progress, job.trace.duration)
     done = sum(j.gpus * j.trace.duration for j in s.jobs if j.finished_at is not None)
     assert acc.useful_gpu_s + 1e-6 >= done
+
+
+def test_the_sim_scheduler_is_a_checkpointing_scheduler_for_the_evacuator() -> None:
+    from autoscaler.sources import CheckpointingScheduler
+
+    asked: list[tuple[SimJob, int, float, float]] = []
+    clock = ManualClock(0.0)
+    s = SimScheduler(clock, 5.0, lambda job, end: None, lambda *a: asked.append(a))
+    assert isinstance(s, CheckpointingScheduler)
+    s.add_node("i-1", 1, Capacity.SPOT, "p", 0.0)
+    job = s.submit(trace_job("j", duration=5000.0, interval=300.0, cost=20.0), 0.0)
+    s.schedule(0.0)
+    (listed,) = s.running_jobs("i-1")
+    assert (listed.node, listed.gpus, listed.checkpoint_signal) == ("i-1", 1, "USR1")
+    assert s.running_jobs_by_node() == {"i-1": [listed]}
+
+    clock.set(700.0)
+    # checkpoints done at 320 and 640 s count as reported the moment they finished
+    assert s.checkpoints.last(listed.id) == 640.0
+    s.signal(listed.id, "USR1")
+    ((_, run_id, asked_at, done_at),) = asked
+    assert (asked_at, done_at) == (700.0, 720.0)
+    clock.set(720.0)
+    s.checkpointed(job, run_id, asked_at, 720.0)
+    assert job.progress == 600.0 + 60.0, "the work up to the request is kept"
+    assert s.checkpoints.last(listed.id) == 720.0
+    assert job.node is not None and job.node.name == "i-1", "it goes on where it was"
+
+    clock.set(725.0)
+    s.requeue(listed.id)
+    assert job.node is None and s.pending == 1
+    assert math.isclose(job.lost_gpu_s, 5.0), "only the 5 s since the asked checkpoint"
+
+
+def test_a_checkpoint_still_being_written_when_the_node_goes_is_not_kept() -> None:
+    asked: list[tuple[SimJob, int, float, float]] = []
+    clock = ManualClock(0.0)
+    s = SimScheduler(clock, 5.0, lambda job, end: None, lambda *a: asked.append(a))
+    s.add_node("i-1", 1, Capacity.SPOT, "p", 0.0)
+    job = s.submit(trace_job("j", duration=5000.0, interval=300.0, cost=20.0), 0.0)
+    s.schedule(0.0)
+    clock.set(700.0)
+    s.signal(str(job.seq), "USR1")
+    s.remove_node("i-1", 710.0)
+    ((_, run_id, asked_at, _),) = asked
+    s.checkpointed(job, run_id, asked_at, 720.0)
+    assert job.progress == 600.0 and math.isclose(job.lost_gpu_s, 70.0)

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 
 from autoscaler.report.model import (
+    CheckpointComparison,
+    CheckpointSide,
     GpuHours,
     LowerBoundResult,
     Percentiles,
@@ -233,9 +235,55 @@ def _findings(
     return lines
 
 
+def _side(result: SimResult, aware: bool) -> CheckpointSide:
+    return CheckpointSide(
+        checkpoint_aware=aware,
+        gpu_hours_lost=round(result.lost_gpu_s / HOUR, 2),
+        cost=round(result.cost, 2),
+        wait_p95_s=percentiles(result.waits_s).p95,
+        requeues=result.requeues,
+        interruptions=result.interruptions,
+    )
+
+
+def checkpoint_comparison(
+    prepared: Prepared, results: Sequence[SimResult], other: SimResult | None
+) -> CheckpointComparison | None:
+    """Pair ``other`` (a replay with checkpoint awareness flipped) with the same policy's run."""
+    if other is None:
+        return None
+    run = next((r for r in results if r.policy == other.policy), None)
+    if run is None:
+        return None
+    configured = prepared.loaded.scenario.controller.interruptions.checkpoint_aware
+    aware, unaware = (run, other) if configured else (other, run)
+    return CheckpointComparison(
+        policy=run.policy,
+        label=run.label,
+        aware=_side(aware, True),
+        unaware=_side(unaware, False),
+    )
+
+
+def _checkpoint_finding(comparison: CheckpointComparison) -> str:
+    aware, unaware = comparison.aware, comparison.unaware
+    return (
+        f"Checkpoint awareness ({comparison.label}, same trace): "
+        f"{aware.gpu_hours_lost:,.1f} GPU-h of work lost with it, "
+        f"{unaware.gpu_hours_lost:,.1f} GPU-h without "
+        f"(${aware.cost:,.0f} vs ${unaware.cost:,.0f}, "
+        f"p95 wait {aware.wait_p95_s:.0f} s vs {unaware.wait_p95_s:.0f} s)."
+    )
+
+
 def build_report(
-    prepared: Prepared, results: Sequence[SimResult], bounds: Sequence[LowerBoundResult]
+    prepared: Prepared,
+    results: Sequence[SimResult],
+    bounds: Sequence[LowerBoundResult],
+    flipped: SimResult | None = None,
 ) -> Report:
+    """``flipped`` is one policy replayed with checkpoint awareness flipped, for the
+    comparison of work lost with and without it."""
     loaded = prepared.loaded
     scenario = loaded.scenario
     selection = prepared.selection
@@ -243,6 +291,7 @@ def build_report(
     default = (
         DEFAULT_POLICY if any(p.policy == DEFAULT_POLICY for p in policies) else policies[0].policy
     )
+    comparison = checkpoint_comparison(prepared, results, flipped)
     submitted = (
         sum(j.gpus * min(j.duration, selection.horizon_s - j.submit) for j in selection.jobs) / HOUR
     )
@@ -269,5 +318,7 @@ def build_report(
         lower_bounds=list(bounds),
         policies=policies,
         default_policy=default,
-        findings=_findings(policies, default, bounds),
+        findings=_findings(policies, default, bounds)
+        + ([_checkpoint_finding(comparison)] if comparison is not None else []),
+        checkpoint_comparison=comparison,
     )

@@ -115,6 +115,25 @@ class WindowInfo(Frozen):
     skipped: dict[str, int] = Field(default_factory=dict)
 
 
+class CheckpointSide(Frozen):
+    checkpoint_aware: bool
+    gpu_hours_lost: float
+    cost: float
+    wait_p95_s: float
+    requeues: int
+    interruptions: int
+
+
+class CheckpointComparison(Frozen):
+    """One policy replayed twice on the same trace, with and without checkpoint-aware
+    interruption handling and scale-down: what awareness saves in work lost."""
+
+    policy: str
+    label: str
+    aware: CheckpointSide
+    unaware: CheckpointSide
+
+
 class Report(Frozen):
     scenario: str
     description: str
@@ -130,3 +149,4 @@ class Report(Frozen):
     policies: list[PolicyResult]
     default_policy: str
     findings: list[str]
+    checkpoint_comparison: CheckpointComparison | None = None

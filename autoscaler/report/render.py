@@ -23,7 +23,13 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from autoscaler.report.model import LowerBoundResult, PolicyResult, Report, Series
+from autoscaler.report.model import (
+    CheckpointComparison,
+    LowerBoundResult,
+    PolicyResult,
+    Report,
+    Series,
+)
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -183,6 +189,44 @@ def comparison_table(report: Report) -> Table:
         for p in report.policies
     ]
     return _table(headers, rows)
+
+
+def checkpoint_table(comparison: CheckpointComparison) -> Table:
+    headers = [
+        "Checkpoint awareness",
+        "GPU-h lost",
+        "Cost",
+        "Wait p95 s",
+        "Requeues",
+        "Interruptions",
+    ]
+    rows = [
+        [
+            f"{comparison.label}: {'with' if side.checkpoint_aware else 'without'}",
+            _num(side.gpu_hours_lost, 1),
+            _usd(side.cost),
+            _num(side.wait_p95_s),
+            _num(side.requeues),
+            _num(side.interruptions),
+        ]
+        for side in (comparison.aware, comparison.unaware)
+    ]
+    return _table(headers, rows)
+
+
+def _checkpoint_blocks(report: Report) -> tuple[Block, ...]:
+    comparison = report.checkpoint_comparison
+    if comparison is None:
+        return (Para("Not compared in this run."),)
+    return (
+        Para(
+            f"{comparison.label} replayed twice on the same trace: with checkpoint-aware "
+            "interruption handling and scale-down (jobs checkpoint on request before a notice's "
+            "deadline or a drain, and underused nodes hand their jobs on), and without (jobs "
+            "lose what they ran since their last periodic checkpoint)."
+        ),
+        checkpoint_table(comparison),
+    )
 
 
 def _bound_cost(bound: LowerBoundResult) -> str:
@@ -376,6 +420,7 @@ def _lead_sections(report: Report) -> list[Section]:
         Section("Comparison", (comparison_table(report),)),
         Section("Lower bounds", _lower_bound_blocks(report)),
         Section("Findings", (_findings(report),)),
+        Section("Checkpoint awareness", _checkpoint_blocks(report)),
     ]
 
 
@@ -443,6 +488,8 @@ def summary_markdown(report: Report) -> str:
     parts = [f"## {_md_text(_title(report))}", _md_table(comparison_table(report))]
     if report.lower_bounds:
         parts.append("\n".join(f"- {_bound_line(b)}" for b in report.lower_bounds))
+    if report.checkpoint_comparison is not None:
+        parts.append(_md_table(checkpoint_table(report.checkpoint_comparison)))
     parts.append("Findings:\n\n" + _md_block(_findings(report)))
     parts.append("Assumptions:\n\n" + _md_block(_assumptions(report)))
     return "\n\n".join(parts) + "\n"

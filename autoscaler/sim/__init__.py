@@ -26,15 +26,17 @@ def replay(
     scenario: str | Path | LoadedScenario | Prepared,
     policy: str | Policy,
     params: dict[str, Any] | None = None,
+    checkpoint_aware: bool | None = None,
 ) -> SimResult:
     """Replay ``scenario`` with one policy: an installed policy's name (with ``params``), or a
-    policy object you built yourself."""
+    policy object you built yourself; ``checkpoint_aware`` overrides the scenario's setting."""
     if isinstance(scenario, Prepared):
         prepared = scenario
     else:
         loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario)
         prepared = prepare(loaded)
     if isinstance(policy, str):
-        return simulate(prepared, PolicySpec(name=policy, params=params or {}))
-    label = type(policy).__name__
-    return simulate(prepared, PolicySpec(name=label, params=params or {}), policy=policy)
+        spec = PolicySpec(name=policy, params=params or {})
+        return simulate(prepared, spec, checkpoint_aware=checkpoint_aware)
+    spec = PolicySpec(name=type(policy).__name__, params=params or {})
+    return simulate(prepared, spec, policy=policy, checkpoint_aware=checkpoint_aware)

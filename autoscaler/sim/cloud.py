@@ -209,6 +209,7 @@ class SimCloud:
             )
         )
         self.post(instance.deadline, "reclaim", instance.id)
+        self.post(now, "wake", None)  # a notice wakes the live loop before its next tick
 
     def reclaim(self, instance_id: str, now: float) -> None:
         instance = self.instances.get(instance_id)

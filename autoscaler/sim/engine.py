@@ -31,7 +31,18 @@ from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.series import StepSeries
 from autoscaler.sim.trace import TraceSelection, load_trace
 
-_ORDER = {"reclaim": 0, "finish": 1, "ready": 2, "capacity": 3, "interrupt": 4}
+_ORDER = {
+    "reclaim": 0,
+    "finish": 1,
+    "ready": 2,
+    "capacity": 3,
+    "interrupt": 4,
+    "checkpoint": 5,
+    "wake": 6,
+}
+# What wakes the live run loop before its next tick: a notice arriving (the cloud posts a wake
+# with it), a checkpoint report, and the end of a checkpoint wait.
+_WAKES = frozenset({"checkpoint", "wake"})
 
 
 @dataclass
@@ -193,16 +204,29 @@ def simulate(
     index: int = 0,
     progress: Callable[[float], None] | None = None,
     policy: Policy | None = None,
+    checkpoint_aware: bool | None = None,
 ) -> SimResult:
     """Replay the prepared scenario through the controller with one policy.
 
     The policy is looked up by ``spec.name`` in the policy registry, or given directly (to test a
-    policy before it is packaged as a plugin).
+    policy before it is packaged as a plugin). ``checkpoint_aware`` overrides the scenario's
+    ``controller.interruptions.checkpoint_aware`` (the report's comparison on the same trace).
+
+    The controller ticks every ``tick_seconds`` and, as the live run loop does, also at once when
+    an interruption notice or a checkpoint report arrives and when a checkpoint wait ends.
     """
     started_wall = time.perf_counter()
     loaded = prepared.loaded
     scenario = loaded.scenario
     config = scenario.controller
+    if checkpoint_aware is not None:
+        config = config.model_copy(
+            update={
+                "interruptions": config.interruptions.model_copy(
+                    update={"checkpoint_aware": checkpoint_aware}
+                )
+            }
+        )
     horizon = prepared.horizon_s
     clock = ManualClock(0.0)
     heap: list[tuple[float, int, int, str, Any]] = []
@@ -215,7 +239,10 @@ def simulate(
     def on_start(job: SimJob, end: float) -> None:
         post(end, "finish", (job, job.run_id))
 
-    scheduler = SimScheduler(clock, scenario.idle_util_pct, on_start)
+    def on_checkpoint_asked(job: SimJob, run_id: int, asked_at: float, done_at: float) -> None:
+        post(done_at, "checkpoint", (job, run_id, asked_at))
+
+    scheduler = SimScheduler(clock, scenario.idle_util_pct, on_start, on_checkpoint_asked)
     onprem_gpus = 0
     for node in scenario.onprem:
         for i in range(node.count):
@@ -244,6 +271,7 @@ def simulate(
         scheduler,
         incarnation="sim",
         retry=RetryPolicy(attempts=1, sleep=lambda _s: None),
+        checkpoints=scheduler.checkpoints,
     )
 
     jobs = prepared.selection.jobs
@@ -265,10 +293,13 @@ def simulate(
         while next_arrival < len(jobs) and jobs[next_arrival].submit <= t:
             scheduler.submit(jobs[next_arrival], t)
             next_arrival += 1
+        woken = False
         while heap and heap[0][0] <= t:
             _, _, _, kind, payload = heapq.heappop(heap)
             _dispatch(kind, payload, t, scheduler, cloud)
-        if next_tick <= t:
+            woken = woken or kind in _WAKES
+        regular = next_tick <= t
+        if regular or woken:
             scheduler.schedule(t)
             report = controller.tick()
             tick_ms.append(report.duration_s * 1000.0)
@@ -276,10 +307,14 @@ def simulate(
                 held += 1
             for clamp in report.clamps:
                 clamps[clamp.rule] = clamps.get(clamp.rule, 0) + 1
-            _sample(timeline, t, cloud, scheduler)
-            next_tick += config.tick_seconds
-            if progress is not None:
-                progress(t)
+            due = controller.next_due()
+            if due is not None and due > t:
+                post(due, "wake", None)
+            if regular:
+                _sample(timeline, t, cloud, scheduler)
+                next_tick += config.tick_seconds
+                if progress is not None:
+                    progress(t)
         scheduler.schedule(t)
 
     clock.set(horizon)
@@ -335,6 +370,9 @@ def _dispatch(
         cloud.interrupt(payload, now)
     elif kind == "reclaim":
         cloud.reclaim(payload, now)
+    elif kind == "checkpoint":
+        job, run_id, asked_at = payload
+        scheduler.checkpointed(job, run_id, asked_at, now)
 
 
 def _sample(timeline: Timeline, t: float, cloud: SimCloud, scheduler: SimScheduler) -> None:

@@ -8,7 +8,10 @@ interrupted job keeps the work up to its last finished checkpoint and goes back 
 its original order.
 
 The same object is the controller's queue source, node source and scheduler adapter in a dry
-run, so the controller reads and drives it through exactly the interfaces a real Slurm gets.
+run, so the controller reads and drives it through exactly the interfaces a real Slurm gets:
+it lists each node's running jobs, signals a job to checkpoint now (the checkpoint finishes its
+declared duration later and is reported to the ledger, as the example job reports it live) and
+requeues a job, which keeps the work up to its last finished checkpoint.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.clock import Clock
 from autoscaler.model import Capacity, DemandGroup, OnPremNode, Placement
 from autoscaler.sim.trace import TraceJob
-from autoscaler.sources import NodeReading, NodeUsage
+from autoscaler.sources import NodeReading, NodeUsage, RunningJob
+
+CHECKPOINT_SIGNAL = "USR1"
 
 
 @dataclass(slots=True, eq=False)
@@ -87,17 +93,40 @@ class Accounting:
 
 
 BucketKey = tuple[int, float | None, bool]
+CheckpointAsked = Callable[[SimJob, int, float, float], None]
+
+
+class SimCheckpoints(CheckpointLedger):
+    """The ledger as the simulated jobs would fill it: every checkpoint a job finishes on its own
+    schedule counts as reported the moment it finishes, without an event per checkpoint."""
+
+    def __init__(self, scheduler: SimScheduler) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+
+    def last(self, job_id: str) -> float | None:
+        reported = super().last(job_id)
+        natural = self.scheduler.last_natural_checkpoint(job_id)
+        if reported is None or natural is None:
+            return natural if reported is None else reported
+        return max(reported, natural)
 
 
 class SimScheduler:
     name = "sim-scheduler"
 
     def __init__(
-        self, clock: Clock, idle_util_pct: float, on_start: Callable[[SimJob, float], None]
+        self,
+        clock: Clock,
+        idle_util_pct: float,
+        on_start: Callable[[SimJob, float], None],
+        on_checkpoint_asked: CheckpointAsked | None = None,
     ) -> None:
         self.clock = clock
         self.idle_fraction = idle_util_pct / 100.0
         self.on_start = on_start
+        self.on_checkpoint_asked = on_checkpoint_asked
+        self.checkpoints = SimCheckpoints(self)
         self.placement = Placement()
         self.nodes: dict[str, SimNode] = {}
         self.jobs: list[SimJob] = []
@@ -189,6 +218,58 @@ class SimScheduler:
         for job in jobs:
             self._interrupt(job, now)
         return len(jobs)
+
+    def running_jobs(self, node: str) -> Sequence[RunningJob]:
+        found = self.nodes.get(node)
+        if found is None:
+            return ()
+        return [self._running(job, found) for job in found.jobs.values()]
+
+    def running_jobs_by_node(self) -> dict[str, Sequence[RunningJob]]:
+        return {
+            name: [self._running(job, node) for job in node.jobs.values()]
+            for name, node in self.nodes.items()
+            if node.jobs and node.kind is not Capacity.ONPREM
+        }
+
+    def signal(self, job_id: str, signal: str) -> None:
+        """Ask a running job to checkpoint now; it finishes its checkpoint duration later."""
+        job = self._job(job_id)
+        if job.node is None or self.on_checkpoint_asked is None:
+            return
+        now = self.clock.now()
+        self.on_checkpoint_asked(job, job.run_id, now, now + job.trace.checkpoint_duration_s)
+
+    def checkpointed(self, job: SimJob, run_id: int, asked_at: float, now: float) -> None:
+        """A checkpoint asked for at ``asked_at`` is written: the work up to then is kept, the
+        job goes on from it on the same node, and the ledger hears of it."""
+        node = job.node
+        if job.run_id != run_id or node is None or job.run_start is None:
+            return
+        job.progress += self._account_run(job, node, asked_at)
+        writing = now - asked_at
+        self.accounting.allocated_gpu_s[node.kind] += job.gpus * writing
+        self.accounting.checkpoint_gpu_s += job.gpus * writing
+        self.accounting.checkpoints += 1
+        self._detach(job, now)
+        job.pending_since = now
+        self._start(job, node, now)
+        self.checkpoints.record(CheckpointReport(str(job.seq), now, writing, node.name))
+
+    def requeue(self, job_id: str) -> None:
+        job = self._job(job_id)
+        if job.node is not None:
+            self._interrupt(job, self.clock.now())
+
+    def last_natural_checkpoint(self, job_id: str) -> float | None:
+        """When the job's current run last finished a checkpoint on its own schedule."""
+        job = self._job(job_id)
+        interval = job.trace.checkpoint_interval_s
+        if interval is None or job.run_start is None:
+            return None
+        cycle = interval + job.trace.checkpoint_duration_s
+        done = math.floor((self.clock.now() - job.run_start) / cycle)
+        return job.run_start + done * cycle if done > 0 else None
 
     # -- the controller's sources ------------------------------------------------------------
 
@@ -389,6 +470,22 @@ class SimScheduler:
         self._detach(job, now)
         job.pending_since = now
         self._start(job, target, now, extra_s=job.trace.checkpoint_duration_s)
+
+    def _job(self, job_id: str) -> SimJob:
+        return self.jobs[int(job_id)]
+
+    def _running(self, job: SimJob, node: SimNode) -> RunningJob:
+        interval = job.trace.checkpoint_interval_s
+        assert job.run_start is not None
+        return RunningJob(
+            id=str(job.seq),
+            node=node.name,
+            gpus=job.gpus,
+            started_at=job.run_start,
+            checkpoint_interval_s=interval,
+            checkpoint_duration_s=job.trace.checkpoint_duration_s if interval else None,
+            checkpoint_signal=CHECKPOINT_SIGNAL if interval else None,
+        )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
         return self.placement.tiers(
