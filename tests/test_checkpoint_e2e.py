@@ -9,12 +9,16 @@ controller's inbox; then the cloud takes the instance back.
 * Through the node's IMDS (the agent, a real subprocess, forwarding to the inbox) with a
   deadline too close for the job's checkpoint: it is requeued at once and resumes from its
   previous checkpoint.
+* Scale-down: of two idle cloud nodes (GPU telemetry scraped over HTTP reads 0 %), the one given
+  back first is the one whose job saved last; that job leaves at a checkpoint and resumes from
+  it.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,8 +31,9 @@ import boto3
 import pytest
 from aws_support import REGION
 from botocore.awsrequest import AWSResponse
+from exporter_server import Answer, ExporterServer
 from metadata_servers import FakeImds
-from slurm_cluster import SlurmCluster, wait_for
+from slurm_cluster import SlurmCluster, free_port, wait_for
 from test_aws import event, real_spot_prices
 from test_checkpointing_job import EXAMPLE, RecordingLedger, Training
 
@@ -39,7 +44,10 @@ from autoscaler.inbox import InboxServer, NoticeInbox
 from autoscaler.model import Pool
 from autoscaler.observe import Signals
 from autoscaler.retry import RetryPolicy
+from autoscaler.runner import summary
+from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
 from autoscaler.sources.slurm import SlurmAdapter
+from autoscaler.telemetry import IdleTracker
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 from providers.aws import AwsProvider
 
@@ -71,7 +79,12 @@ class World:
             if done(reports):
                 return reports
             time.sleep(0.1)
-        raise AssertionError(f"timed out after {timeout:.0f}s ticking until {what}")
+        last = summary(reports[-1]) if reports else "no tick"
+        actions = [(a.kind, a.outcome, a.detail) for r in reports[-3:] for a in r.actions]
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s ticking until {what}; last tick: {last}; "
+            f"its actions: {actions}"
+        )
 
     def boot(self, instance_id: str) -> None:
         """What the instance's user data does: join Slurm under its instance id."""
@@ -90,6 +103,35 @@ class World:
             check=False,
         )
         assert joined.returncode == 0, joined.stderr
+        self.joined.append(instance_id)
+
+    def boot_beside(self, instance_id: str) -> None:
+        """A second instance on this one host, where only one dynamic slurmd can listen on the
+        cluster's SlurmdPort: the node is created in Slurm (``scontrol create``) and a slurmd
+        with a copy of slurm.conf naming it registers it, so Slurm schedules onto it and lists
+        its jobs as on any node. slurmctld still sends batch launches for it to SlurmdPort, so
+        its job's process is started by the first instance's slurmd; what the controller reads
+        (squeue's allocations, the job's checkpoint reports) is the same either way."""
+        port = free_port()
+        node = (
+            f"NodeName={instance_id} NodeAddr=127.0.0.1 Port={port} CPUs=8 RealMemory=4000 "
+            f"Gres=gpu:{self.cluster.gpu_model}:1 Feature={self.cluster.cloud_feature}"
+        )
+        created = self.cluster.run("scontrol", "create", node, "State=CLOUD")
+        directory = self.tmp / f"slurm-conf-{instance_id}"
+        directory.mkdir()
+        shutil.copy(self.cluster.conf.parent / "gres.conf", directory)
+        conf = directory / "slurm.conf"
+        conf.write_text(self.cluster.conf.read_text() + node + "\n")
+        started = subprocess.run(
+            ["slurmd", "-f", str(conf), "-N", instance_id],
+            env=self.cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        )
+        assert started.returncode == 0, (created, started.stderr)
         self.joined.append(instance_id)
 
     def submit(self, name: str, interval: float, duration: float, cost: float = 0.0) -> Training:
@@ -323,3 +365,113 @@ def test_imds_notice_too_close_for_the_checkpoint_requeues_at_once(world: World)
     assert "(signal," not in training.log, "a checkpoint that cannot fit is not asked for"
     resumed = wait_for("the job to start again", lambda: training.started_at_step(1), timeout=30)
     assert resumed >= previous, "it resumes from the checkpoint it had before the notice"
+
+
+def test_scale_down_gives_back_the_node_whose_job_saved_last_first(world: World) -> None:
+    exporters = ExporterServer()
+    scrape = ScrapeTelemetrySource(
+        ScrapeSettings(targets=(exporters.url("/a"), exporters.url("/b"))), "gpus"
+    )
+    pool = world.controller.config.pools[0]
+    controller = Controller(
+        ControllerConfig(
+            fleet_id=FLEET,
+            pools=(pool,),
+            drain_timeout_s=0,
+            limits=Limits(
+                max_instances=2,
+                scale_up_cooldown_s=0,
+                scale_down_cooldown_s=0,
+                max_drains_per_tick=1,
+            ),
+        ),
+        CostAwarePolicy(CostAwareParams(idle_seconds=0)),
+        world.controller.providers,
+        SystemClock(),
+        scheduler=world.slurm,
+        retry=RetryPolicy(attempts=2, sleep=lambda _s: None),
+        signals=Signals(
+            queues=(world.slurm,),
+            nodes=world.slurm,
+            telemetry=(scrape,),
+            notices=(world.inbox.inbox,),
+            tracker=IdleTracker(idle_util_pct=5.0, window_s=1, max_age_s=30),
+        ),
+        checkpoints=world.ledger,
+    )
+    world.controller = controller
+    try:
+        fillers = world.fill_onprem()
+        launched = []
+        trainings = []
+        # one at a time: moto's RunInstances launches MinCount instances, never more
+        for name, interval, path in (("fresh", 1.0, "/a"), ("stale", 600.0, "/b")):
+            training = world.submit(name, interval=interval, duration=0.2)
+            instance_id = world.launched()
+            if launched:
+                world.boot_beside(instance_id)
+            else:
+                world.boot(instance_id)
+            exporters.answers[path] = Answer(
+                f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",Hostname="{instance_id}"}} 0\n'
+            )
+            wait_for(
+                f"the {name} job to run on its cloud node",
+                lambda t=training, i=instance_id: (
+                    world.cluster.job_field(t.job_id, "NodeList") == i
+                ),
+                timeout=30,
+            )
+            launched.append(instance_id)
+            trainings.append(training)
+        fresh, stale = trainings
+        fresh_node = world.cluster.job_field(fresh.job_id, "NodeList")
+        wait_for(
+            "the fresh job to report checkpoints from its node",
+            lambda: (
+                sum(
+                    r.job_id == fresh.job_id and r.node == fresh_node for r in world.ledger.received
+                )
+                >= 2
+            ),
+        )
+        world.cluster.run("scancel", fillers[0])
+        time.sleep(3)  # the stale job runs on unsaved; the fresh one saves every second
+
+        reports = world.tick_until(
+            "a node is drained",
+            lambda rs: any(a.kind == "drain" and a.done for a in rs[-1].actions),
+        )
+        view = {n.instance_id: n for n in reports[-1].view.instances}
+        risk = {node: view[node].work_at_risk_gpu_s for node in launched}
+        assert all(r is not None for r in risk.values()), risk
+        ((drained,),) = [a.instance_ids for a in reports[-1].actions if a.kind == "drain"]
+        assert drained == fresh_node, f"the node whose job saved last goes first: {risk}"
+        other = next(n for n in launched if n != fresh_node)
+        assert (risk[fresh_node] or 0.0) < (risk[other] or 0.0)
+
+        if not any(
+            m.outcome.startswith("requeued") for m in evacuations(reports).get(fresh.job_id, [])
+        ):
+            reports += world.tick_until(
+                "the fresh job leaves at a checkpoint",
+                lambda rs: any(
+                    a.outcome.startswith("requeued") for a in evacuations(rs).get(fresh.job_id, [])
+                ),
+            )
+        (left,) = [
+            m for m in evacuations(reports)[fresh.job_id] if m.outcome.startswith("requeued")
+        ]
+        assert left.lost_gpu_s is not None and left.lost_gpu_s < 2.0, left
+        assert stale.job_id not in evacuations(reports), "the stale job's node is not touched"
+        saved = fresh.saved_step()
+        resumed = wait_for(
+            "the fresh job to start again", lambda: fresh.started_at_step(1), timeout=30
+        )
+        assert resumed == saved, "it resumes from the checkpoint it left at"
+        assert world.cluster.job_field(stale.job_id, "NodeList") != fresh_node
+    finally:
+        scrape.close()
+        exporters.close()
+        for node in world.joined[1:]:
+            world.slurm.forget(node)  # its job's completion comes from the other slurmd

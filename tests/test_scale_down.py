@@ -176,7 +176,7 @@ def _controller(
             fleet_id="test",
             pools=pools,
             limits=Limits(scale_down_cooldown_s=0, max_drains_per_tick=1),
-            **config,  # type: ignore[arg-type]
+            **config,
         ),
         policy,
         {"fake": cloud},
