@@ -22,7 +22,7 @@ waiting job is requeued within moments of either.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -134,86 +134,85 @@ class Evacuator:
     def at_risk(self, nodes: Sequence[str], now: float) -> list[JobMove]:
         """Nodes the cloud says are at elevated risk: move what has just saved, and the rest as
         soon as it next saves; the node is not waited on past that."""
-        jobs = running_jobs_on(self.scheduler, nodes)
         calls: list[tuple[Callable[[], None], JobMove]] = []
-        for node in nodes:
-            evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
-            for job in jobs.get(node, ()):
-                if job.id in evacuation.waiting:
-                    continue
-                last = self.ledger.last(job.id)
-                if last is not None and now - last <= self.settings.fresh_checkpoint_s:
-                    calls.append(
-                        self._requeue(
-                            job, now, last, Move.REQUEUED, "rebalance: its checkpoint is fresh"
-                        )
+        for evacuation, job in self._jobs_to_move(nodes):
+            last = self.ledger.last(job.id)
+            if last is not None and now - last <= self.settings.fresh_checkpoint_s:
+                calls.append(
+                    self._requeue(
+                        job, now, last, Move.REQUEUED, "rebalance: its checkpoint is fresh"
                     )
-                elif job.checkpoint_signal is not None:
-                    resume_from = self.ledger.resume_point(job.id, job.started_at)
-                    evacuation.waiting[job.id] = _Waiting(job, now, resume_from, float("inf"))
+                )
+            elif job.checkpoint_signal is not None:
+                resume_from = self.ledger.resume_point(job.id, job.started_at)
+                evacuation.waiting[job.id] = _Waiting(job, now, resume_from, float("inf"))
         return self._run(calls)
 
     def scale_down(self, nodes: Sequence[str], now: float, wait_s: float) -> list[JobMove]:
         """Nodes the plan gives back whose jobs are still there when the drain times out."""
-        jobs = running_jobs_on(self.scheduler, nodes)
         margin = self.settings.checkpoint_margin_s
         moves: list[JobMove] = []
         calls: list[tuple[Callable[[], None], JobMove]] = []
-        for node in nodes:
-            evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
-            for job in jobs.get(node, ()):
-                if job.id in evacuation.waiting:
-                    continue
-                resume_from = self.ledger.resume_point(job.id, job.started_at)
-                expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
-                natural: float | None = None
-                if job.checkpoint_interval_s is not None:
-                    natural = resume_from + job.checkpoint_interval_s + (expected or 0.0)
-                    if natural <= now:
-                        natural = None  # overdue and unreported: not to be counted on
-                asked = (
-                    now + expected
-                    if job.checkpoint_signal is not None and expected is not None
-                    else None
+        for evacuation, job in self._jobs_to_move(nodes):
+            node = evacuation.node
+            resume_from = self.ledger.resume_point(job.id, job.started_at)
+            expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
+            natural: float | None = None
+            if job.checkpoint_interval_s is not None:
+                natural = resume_from + job.checkpoint_interval_s + (expected or 0.0)
+                if natural <= now:
+                    natural = None  # overdue and unreported: not to be counted on
+            asked = (
+                now + expected
+                if job.checkpoint_signal is not None and expected is not None
+                else None
+            )
+            in_reach = [t for t in (natural, asked) if t is not None and t + margin <= now + wait_s]
+            if now - resume_from <= margin or not in_reach:
+                why = (
+                    "it has just saved"
+                    if now - resume_from <= margin
+                    else f"no checkpoint of its comes within {wait_s:.0f}s"
                 )
-                in_reach = [
-                    t for t in (natural, asked) if t is not None and t + margin <= now + wait_s
-                ]
-                if now - resume_from <= margin or not in_reach:
-                    why = (
-                        "it has just saved"
-                        if now - resume_from <= margin
-                        else f"no checkpoint of its comes within {wait_s:.0f}s"
-                    )
-                    calls.append(
-                        self._requeue(job, now, resume_from, Move.REQUEUED, f"scale-down: {why}")
-                    )
-                    continue
-                ready = min(in_reach)
-                evacuation.waiting[job.id] = _Waiting(job, now, resume_from, ready + margin)
-                if asked is not None and (natural is None or asked < natural):
-                    calls.append(
-                        (
-                            _bind(self.scheduler.signal, job.id, job.checkpoint_signal or ""),
-                            JobMove(
-                                job.id,
-                                node,
-                                Move.CHECKPOINT_ASKED,
-                                detail=f"scale-down: a checkpoint now ({expected:.0f}s) comes "
-                                "before its next one",
-                            ),
-                        )
-                    )
-                else:
-                    moves.append(
+                calls.append(
+                    self._requeue(job, now, resume_from, Move.REQUEUED, f"scale-down: {why}")
+                )
+                continue
+            ready = min(in_reach)
+            evacuation.waiting[job.id] = _Waiting(job, now, resume_from, ready + margin)
+            if asked is not None and (natural is None or asked < natural):
+                calls.append(
+                    (
+                        _bind(self.scheduler.signal, job.id, job.checkpoint_signal or ""),
                         JobMove(
                             job.id,
                             node,
-                            Move.CHECKPOINT_AWAITED,
-                            detail=f"scale-down: its next checkpoint is due in {ready - now:.0f}s",
-                        )
+                            Move.CHECKPOINT_ASKED,
+                            detail=f"scale-down: a checkpoint now ({expected:.0f}s) comes "
+                            "before its next one",
+                        ),
                     )
+                )
+            else:
+                moves.append(
+                    JobMove(
+                        job.id,
+                        node,
+                        Move.CHECKPOINT_AWAITED,
+                        detail=f"scale-down: its next checkpoint is due in {ready - now:.0f}s",
+                    )
+                )
         return moves + self._ask(calls, now)
+
+    def _jobs_to_move(self, nodes: Sequence[str]) -> Iterator[tuple[_Evacuation, RunningJob]]:
+        """Each job on these nodes that is not already being waited on, with its node's
+        evacuation (opened when new)."""
+        jobs = running_jobs_on(self.scheduler, nodes)
+        for node in nodes:
+            evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
+            for job in jobs.get(node, ()):
+                if job.id not in evacuation.waiting:
+                    yield evacuation, job
 
     def busy(self, node: str) -> bool:
         """Whether jobs on ``node`` are still being waited on."""

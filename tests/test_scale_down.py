@@ -16,7 +16,6 @@ from autoscaler.model import (
     CloudNode,
     FleetView,
     InstanceState,
-    Market,
     Pool,
     PoolView,
     PriceQuote,
@@ -262,34 +261,26 @@ def test_without_checkpoint_awareness_a_timed_out_drain_evicts() -> None:
     assert scheduler.signalled == [] and scheduler.requeued == ["j"]
 
 
-def test_an_underused_eight_gpu_node_hands_its_job_to_cheaper_capacity() -> None:
+def _one_job_on_an_eight_gpu_node(
+    prices: dict[str, float],
+) -> tuple[ManualClock, Controller]:
+    """An 8-GPU spot node running one long 1-GPU job that checkpoints, at 12.5 % utilisation."""
     clock = ManualClock(100_000.0)
-    big = Pool(
-        name="big",
-        provider="fake",
-        region="r1",
-        instance_type="type-8",
-        gpus_per_instance=8,
-        market=Market.SPOT,
-        boot_seconds=120,
-    )
-    small = pool("small")
-    cloud = FakeCloud("fake", price_table={"big": 10.0, "small": 1.2}, now=clock.now)
-    (instance,) = cloud.launch(big, 1, "seed", "test").instances
+    pools = tuple(pool(name, gpus=8 if name == "big" else 1) for name in prices)
+    cloud = FakeCloud("fake", price_table=prices, now=clock.now)
+    (instance,) = cloud.launch(pools[0], 1, "seed", "test").instances
     cloud.boot_all()
-    scheduler = CheckpointingFake(
-        {
-            instance.id: [
-                RunningJob("long", instance.id, 1, clock.now() - 7200, 1800.0, 30.0, "USR1")
-            ]
-        }
-    )
-    busy = NodeUsage(1, 12.5, None, None)
-    nodes = FakeNodes(cloud={instance.id: busy})
-    ledger = CheckpointLedger()
+    long_job = RunningJob("long", instance.id, 1, clock.now() - 7200, 1800.0, 30.0, "USR1")
+    scheduler = CheckpointingFake({instance.id: [long_job]})
+    nodes = FakeNodes(cloud={instance.id: NodeUsage(1, 12.5, None, None)})
     controller = _controller(
-        scheduler, nodes, cloud, clock, (big, small), ledger, CostAwarePolicy()
+        scheduler, nodes, cloud, clock, pools, CheckpointLedger(), CostAwarePolicy()
     )
+    return clock, controller
+
+
+def test_an_underused_eight_gpu_node_hands_its_job_to_cheaper_capacity() -> None:
+    clock, controller = _one_job_on_an_eight_gpu_node({"big": 10.0, "small": 1.2})
     report = controller.tick()
     (node,) = report.view.instances
     assert node.underused_since == clock.now() and node.jobs_checkpoint is True
@@ -305,30 +296,7 @@ def test_an_underused_eight_gpu_node_hands_its_job_to_cheaper_capacity() -> None
 
 
 def test_an_underused_node_stays_when_nothing_cheaper_can_host_its_jobs() -> None:
-    clock = ManualClock(100_000.0)
-    big = Pool(
-        name="big",
-        provider="fake",
-        region="r1",
-        instance_type="type-8",
-        gpus_per_instance=8,
-        market=Market.SPOT,
-        boot_seconds=120,
-    )
-    cloud = FakeCloud("fake", price_table={"big": 10.0}, now=clock.now)
-    (instance,) = cloud.launch(big, 1, "seed", "test").instances
-    cloud.boot_all()
-    scheduler = CheckpointingFake(
-        {
-            instance.id: [
-                RunningJob("long", instance.id, 1, clock.now() - 7200, 1800.0, 30.0, "USR1")
-            ]
-        }
-    )
-    nodes = FakeNodes(cloud={instance.id: NodeUsage(1, 12.5, None, None)})
-    controller = _controller(
-        scheduler, nodes, cloud, clock, (big,), CheckpointLedger(), CostAwarePolicy()
-    )
+    clock, controller = _one_job_on_an_eight_gpu_node({"big": 10.0})
     controller.tick()
     clock.advance(600)
     report = controller.tick()
