@@ -339,9 +339,10 @@ class Actuator:
         self._terminate(to_terminate, view.now, "drained", records)
 
     def _leaving_at_checkpoints(self, node: str, now: float, records: list[ActionRecord]) -> bool:
-        """True while the jobs of a node being given back are waited on for a checkpoint. They
-        are handed to the evacuator, which bounds the wait, when the drain times out, or at once
-        when the plan asked for them to move."""
+        """True while the jobs of a node being given back are leaving at a checkpoint. They are
+        handed to the evacuator, which bounds the wait, when the drain times out, or at once when
+        the plan asked for them to move; from then on the node waits while the evacuator waits
+        on any of them, and for one tick after the hand-over, for its requeues to show."""
         wait_s = self.config.interruptions.drain_checkpoint_wait_s
         if self.evacuator is None:
             return False
@@ -356,7 +357,7 @@ class Actuator:
             )
             return False
         self._record_moves(moves, records)
-        return self.evacuator.busy(node)
+        return True  # the scheduler shows the requeues by the next tick, which re-checks
 
     def _finish_interrupted(self, now: float, records: list[ActionRecord]) -> None:
         """An instance the cloud said it would take back and still lists well past the deadline

@@ -170,7 +170,7 @@ class Evacuator:
             in_reach = [t for t in (natural, asked) if t is not None and t + margin <= now + wait_s]
             if now - resume_from <= margin or not in_reach:
                 why = (
-                    "it has just saved"
+                    "it saved or started moments ago"
                     if now - resume_from <= margin
                     else f"no checkpoint of its comes within {wait_s:.0f}s"
                 )

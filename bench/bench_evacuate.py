@@ -78,7 +78,7 @@ from autoscaler.provider import LaunchResult  # noqa: E402
 from autoscaler.retry import RetryPolicy  # noqa: E402
 from autoscaler.runner import Runner  # noqa: E402
 from autoscaler.sources.slurm import SlurmAdapter, SlurmSettings  # noqa: E402
-from policies.cost_aware import CostAwarePolicy  # noqa: E402
+from policies.cost_aware import CostAwareParams, CostAwarePolicy  # noqa: E402
 
 SINGLE_TARGET_S = 1.0
 RECLAIM_TARGET_S = 5.0
@@ -218,7 +218,8 @@ def build_controller(
     config = ControllerConfig(fleet_id="bench", tick_seconds=3600, pools=(pool(),))
     controller = RecordingController(
         config,
-        CostAwarePolicy(),
+        # the one cloud node runs one job on 1 of 4 GPUs: keep it for the notice, not consolidate it
+        CostAwarePolicy(CostAwareParams(consolidate_below=None)),
         {PROVIDER: cloud},
         SystemClock(),
         scheduler=adapter,
