@@ -7,7 +7,7 @@ They are shared by the built-in policies and open to plugins; they read only the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.model import (
@@ -334,15 +334,17 @@ def idle_nodes(
         if node.state is not InstanceState.RUNNING or not node.joined:
             continue
         since = node.empty_since if by_allocation else node.idle_since
-        if since is None:
-            continue
-        wait = idle_seconds
-        if wait is None:
-            pool = pools.get(node.pool)
-            wait = pool.pool.boot_seconds if pool is not None else 0.0
-        if view.now - since >= wait:
+        if since is not None and view.now - since >= _break_even(pools, node, idle_seconds):
             found.append(node)
     return found
+
+
+def _break_even(pools: Mapping[str, PoolView], node: CloudNode, wait_s: float | None) -> float:
+    """How long a node may sit unused before it goes: ``wait_s``, or its pool's boot time."""
+    if wait_s is not None:
+        return wait_s
+    pool = pools.get(node.pool)
+    return pool.pool.boot_seconds if pool is not None else 0.0
 
 
 def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
@@ -356,11 +358,7 @@ def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
             continue
         if node.jobs_checkpoint is not True:
             continue
-        wait = wait_s
-        if wait is None:
-            pool = pools.get(node.pool)
-            wait = pool.pool.boot_seconds if pool is not None else 0.0
-        if view.now - node.underused_since >= wait:
+        if view.now - node.underused_since >= _break_even(pools, node, wait_s):
             found.append(node)
     return found
 

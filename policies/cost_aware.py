@@ -10,7 +10,7 @@ happens to show no allocation.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -148,11 +148,12 @@ class CostAwarePolicy:
         idle = idle_nodes(view, self.params.idle_seconds, by_allocation=False)
         if self.params.unobserved_nodes == "surplus":
             idle += unobserved_nodes(view, self.params.idle_seconds)
+        idle_ids = {n.instance_id for n in idle}
         underused = (
             [
                 n
                 for n in underused_nodes(view, self.params.idle_seconds)
-                if n.instance_id not in {i.instance_id for i in idle}
+                if n.instance_id not in idle_ids
             ]
             if self.params.consolidate_below is not None
             else []
@@ -177,7 +178,7 @@ class CostAwarePolicy:
             lambda need, chosen: [o.name for o in offers_for(need)],
         )
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
-        moves = self._consolidations(view, underused, available, rates)
+        moves = self._consolidations(view, underused, available, offers_for)
         return Plan(
             launches=tuple(launches),
             drains=drains + moves,
@@ -190,7 +191,7 @@ class CostAwarePolicy:
         view: FleetView,
         underused: list[CloudNode],
         available: Supply,
-        rates: Mapping[str, float],
+        offers_for: Callable[[Need], list[Offer]],
     ) -> tuple[DrainRequest, ...]:
         """Underused nodes no pending job is using whose jobs are cheaper to host elsewhere:
         on on-prem GPUs left free, or on the cheapest offer for their GPUs."""
@@ -220,8 +221,8 @@ class CostAwarePolicy:
                 need = Need(size, 1, tiers, self.params.displaced_checkpoint_interval_s)
                 elsewhere = min(
                     (
-                        math.ceil(size / o.gpus) * o.cost_per_hour
-                        for o in self._offers(view, need, rates)
+                        o.cost_per_hour
+                        for o in offers_for(need)
                         if o.name != node.pool and o.gpus >= size
                     ),
                     default=math.inf,
