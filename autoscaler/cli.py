@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run.set_defaults(run=_run)
 
+    plan = commands.add_parser(
+        "plan",
+        help="read the real queue, telemetry and clouds and print what the controller would do "
+        "now and what it would cost per hour, changing nothing",
+    )
+    plan.add_argument("--config", type=Path, required=True)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(run=_plan)
+
     from autoscaler.agent.cli import add_arguments as add_agent_arguments
 
     agent = commands.add_parser(
@@ -178,6 +187,12 @@ def _run(args: argparse.Namespace) -> int:
         checkpoints=inbox.checkpoints if inbox is not None else None,
     )
     return Runner(controller, providers, background).run(max_ticks=args.ticks)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from autoscaler.planmode import run
+
+    return run(args)
 
 
 def _agent(args: argparse.Namespace) -> int:

@@ -1,25 +1,30 @@
 #!/bin/sh
-# Installs the real services the test suite runs against (Slurm with munge, Redis, Prometheus)
-# from Debian's packages. Idempotent: does nothing when they are already there. The tests start
-# and stop their own instances on loopback; nothing is started here and no system service runs.
+# Installs the real services the test suite runs against (Slurm with munge, Redis, Prometheus,
+# PostgreSQL) and the tools that build and run the container image (podman, buildah, runc,
+# debootstrap) from Debian's packages. Idempotent: does nothing when they are already there. The
+# tests start and stop their own instances on loopback; nothing is started here and no system
+# service runs.
 set -eu
 
 missing=""
-for command in slurmctld slurmd squeue munged redis-server prometheus; do
+for command in slurmctld slurmd squeue munged redis-server prometheus podman buildah runc debootstrap; do
     command -v "$command" >/dev/null 2>&1 || missing="$missing $command"
 done
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing initdb"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus)" >&2
+    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus postgresql podman buildah runc debootstrap)" >&2
     exit 1
 fi
-echo "install-test-services: installing Slurm, munge, Redis and Prometheus from Debian's packages"
+echo "install-test-services: installing Slurm, munge, Redis, Prometheus, PostgreSQL and podman from Debian's packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-    slurmctld slurmd slurm-client munge redis-server redis-tools prometheus >/dev/null
+    slurmctld slurmd slurm-client munge redis-server redis-tools prometheus \
+    postgresql postgresql-client \
+    podman buildah runc fuse-overlayfs slirp4netns uidmap debootstrap >/dev/null
 # Debian's packages start their services where an init system runs; the tests want none running.
-for service in slurmctld slurmd munge redis-server prometheus; do
+for service in slurmctld slurmd munge redis-server prometheus postgresql; do
     service "$service" stop >/dev/null 2>&1 || true
 done
