@@ -28,6 +28,7 @@ from autoscaler.errors import (
 )
 from autoscaler.evacuate import Evacuator, JobMove, Move
 from autoscaler.guard import GuardedPlan, GuardMemory
+from autoscaler.leader import LeadershipLost
 from autoscaler.lifecycle import InstanceRecord, InstanceTable
 from autoscaler.model import (
     FleetView,
@@ -402,6 +403,8 @@ class Actuator:
             request_id = f"{self.incarnation}-term-{ids[0]}"
             try:
                 self.retry.call(partial(self.providers[provider_name].terminate, ids, request_id))
+            except LeadershipLost:
+                raise
             except Exception as exc:
                 records.append(
                     ActionRecord(
@@ -487,6 +490,8 @@ class Actuator:
                     )
                 )
                 continue
+            except LeadershipLost:
+                raise
             except Exception as exc:
                 guarded.allowance.refund(pool_view, granted)
                 log.exception("provider %s failed unexpectedly while launching", pool.provider)

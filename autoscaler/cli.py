@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, required=True)
     run.add_argument("--ticks", type=int, default=None, help="stop after this many ticks")
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="one JSON event per line (default), or plain lines for a terminal",
+    )
     run.set_defaults(run=_run)
 
     plan = commands.add_parser(
@@ -147,23 +153,29 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import logging
-
     from autoscaler.clock import SystemClock
     from autoscaler.config import load_config
     from autoscaler.controller import Controller
-    from autoscaler.metrics import Metrics, MetricsServer
+    from autoscaler.health import Readiness, StatusServer
+    from autoscaler.logs import configure
+    from autoscaler.metrics import Metrics
     from autoscaler.policy import load_policy
     from autoscaler.runner import Background, Runner
-    from autoscaler.wiring import build_inbox, build_providers, build_signals
-
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    from autoscaler.wiring import (
+        build_inbox,
+        build_journal,
+        build_lock,
+        build_providers,
+        build_signals,
+        read_postgres_dsn,
     )
+
+    configure(args.log_level, json_lines=args.log_format == "json")
     where = str(args.config)
     config = load_config(args.config)
     clock = SystemClock()
     policy = load_policy(config.policy.name, config.policy.params, where=where)
+    dsn = read_postgres_dsn(config, where)
     providers = build_providers(config, where=where)
     wiring = build_signals(config, where=where)
     background: list[Background] = []
@@ -172,10 +184,12 @@ def _run(args: argparse.Namespace) -> int:
         wiring.signals.notices = (*wiring.signals.notices, inbox.inbox)
         background.append(inbox)
     metrics = Metrics()
+    readiness = Readiness(config.tick_seconds)
     if config.metrics is not None:
-        background.append(
-            MetricsServer(metrics.registry, config.metrics.listen.host, config.metrics.listen.port)
-        )
+        listen = config.metrics.listen
+        background.append(StatusServer(metrics.registry, readiness, listen.host, listen.port))
+    journal = build_journal(config, dsn, where)
+    lock = build_lock(config, dsn)
     controller = Controller(
         config,
         policy,
@@ -185,8 +199,14 @@ def _run(args: argparse.Namespace) -> int:
         signals=wiring.signals,
         metrics=metrics,
         checkpoints=inbox.checkpoints if inbox is not None else None,
+        journal=journal,
+        fence=lock.check,
     )
-    return Runner(controller, providers, background).run(max_ticks=args.ticks)
+    try:
+        return Runner(controller, providers, background, lock, readiness).run(max_ticks=args.ticks)
+    finally:
+        if journal is not None:
+            journal.close()
 
 
 def _plan(args: argparse.Namespace) -> int:

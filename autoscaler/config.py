@@ -31,6 +31,7 @@ class Limits(Frozen):
     max_instances: NonNegativeInt | None = None
     max_gpus: NonNegativeInt | None = None
     max_cost_per_hour: NonNegativeFloat | None = None
+    max_cost_per_month: NonNegativeFloat | None = None
     max_launches_per_tick: PositiveInt = 50
     max_drains_per_tick: PositiveInt = 50
     scale_up_cooldown_s: NonNegativeFloat = 0.0
@@ -93,6 +94,34 @@ class InboxConfig(Frozen):
         return self
 
 
+class JournalConfig(Frozen):
+    """Where every decision, action and dollar is recorded: an SQLite file by default, or the
+    PostgreSQL database whose DSN is in the environment variable ``postgres_dsn_env`` (the DSN
+    carries a password, so it never sits in the config)."""
+
+    enabled: bool = True
+    sqlite_path: Path = Path("gpu-autoscaler-journal.db")
+    postgres_dsn_env: str | None = None
+
+
+class LeaderKind(StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+    POSTGRES = "postgres"
+    KUBERNETES = "kubernetes"
+
+
+class LeaderConfig(Frozen):
+    """Which lock keeps two replicas from acting at once. ``auto``: a Kubernetes Lease when
+    running in a cluster (``KUBERNETES_SERVICE_HOST`` is set), else a PostgreSQL advisory lock
+    when the journal is in PostgreSQL, else none (a single replica)."""
+
+    kind: LeaderKind = LeaderKind.AUTO
+    name: Name = "gpu-autoscaler"
+    namespace: str | None = None
+    lease_seconds: PositiveFloat = 15.0
+
+
 class MetricsConfig(Frozen):
     """Where the controller serves its Prometheus metrics (``/metrics``)."""
 
@@ -130,6 +159,8 @@ class ControllerConfig(Frozen):
     interruptions: InterruptionConfig = InterruptionConfig()
     inbox: InboxConfig | None = None
     metrics: MetricsConfig | None = None
+    journal: JournalConfig = JournalConfig()
+    leader: LeaderConfig = LeaderConfig()
     pools: tuple[Pool, ...] = ()
     limits: Limits = Limits()
     capacity_cache_ttl_s: NonNegativeFloat = 300.0
@@ -146,6 +177,22 @@ class ControllerConfig(Frozen):
                     f"pool name {pool.name!r} is used twice; pool names must be unique"
                 )
             seen.add(pool.name)
+        return self
+
+    @model_validator(mode="after")
+    def _caps_and_locks_have_their_stores(self) -> ControllerConfig:
+        if self.limits.max_cost_per_month is not None and not self.journal.enabled:
+            raise ValueError(
+                "limits.max_cost_per_month reads this month's spend from the journal: "
+                "enable the journal"
+            )
+        if self.leader.kind is LeaderKind.POSTGRES and (
+            not self.journal.enabled or self.journal.postgres_dsn_env is None
+        ):
+            raise ValueError(
+                "leader.kind postgres takes its lock in the journal's database: "
+                "set journal.postgres_dsn_env"
+            )
         return self
 
     def pool(self, name: str) -> Pool:

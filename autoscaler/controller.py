@@ -5,6 +5,10 @@ interruption history, cool-down memory, last plan) and wires the four steps toge
 lives in its own module. A policy that raises, or returns a plan the guard rejects, holds the
 fleet as it is for that tick and says why; interruption notices and drains already under way are
 still handled, because they are not the policy's to decide.
+
+Under a leader lock the controller acts only under its fencing token (``token``, checked by
+``fence`` before act and before each cloud call); with a journal, every cloud call is written
+ahead and each tick's decision, actions and accrued cost are recorded when it ends.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from autoscaler.config import ControllerConfig
 from autoscaler.errors import InputError, describe
 from autoscaler.evacuate import EvacuationSettings, Evacuator
 from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
+from autoscaler.journal import Journal, JournalError
+from autoscaler.journal.base import Billed, TickEntry
 from autoscaler.lifecycle import InstanceTable
 from autoscaler.metrics import Metrics
-from autoscaler.model import FleetView, InterruptionNotice, Plan
+from autoscaler.model import LIVE_STATES, FleetView, InstanceState, InterruptionNotice, Plan
 from autoscaler.observe import Observation, Observer, Signals
 from autoscaler.policy import Policy
 from autoscaler.provider import Provider
+from autoscaler.provider_calls import WatchedProvider
 from autoscaler.retry import RetryPolicy
 from autoscaler.sources import (
     CheckpointingScheduler,
@@ -51,6 +58,9 @@ class TickReport:
     actions: list[ActionRecord]
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    month_spend: float | None = None
+    accrued: dict[str, float] = field(default_factory=dict)
+    failing_sources: list[str] = field(default_factory=list)
 
 
 class Controller:
@@ -69,6 +79,8 @@ class Controller:
         signals: Signals | None = None,
         metrics: Metrics | None = None,
         checkpoints: CheckpointLedger | None = None,
+        journal: Journal | None = None,
+        fence: Callable[[int], None] | None = None,
     ) -> None:
         missing = sorted({p.provider for p in config.pools} - set(providers))
         if missing:
@@ -78,7 +90,15 @@ class Controller:
                 field="pools",
             )
         self.config = config
-        self.providers = providers
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        self.journal = journal
+        self.fence = fence
+        self.token = 1
+        ledger = CallLedger(self) if journal is not None or fence is not None else None
+        self.providers: Mapping[str, Provider] = {
+            name: WatchedProvider(provider, metrics, ledger) for name, provider in providers.items()
+        }
+        providers = self.providers
         self.policy = policy
         self.clock = clock
         self.timer = timer
@@ -126,12 +146,14 @@ class Controller:
             self.history,
             self.memory,
             scheduler,
-            incarnation or uuid.uuid4().hex[:12],
+            self.incarnation,
             retry or RetryPolicy(),
             self.evacuator,
         )
         self.last_plan: Plan | None = None
         self._tick = 0
+        self._checkpoint_reports = self.checkpoints.reports
+        self._billed: set[str] = set()
 
     @property
     def ticks(self) -> int:
@@ -150,7 +172,9 @@ class Controller:
         observation = self.observer.observe(now, number, self.last_plan)
         view = observation.view
         plan, held = self._decide(view)
-        guarded = guard(plan, view, self.config.limits, self.memory)
+        month_spend = self._month_spend(now, observation.errors)
+        guarded = guard(plan, view, self.config.limits, self.memory, month_spend)
+        self.check_fence()
         actions = self.actuator.act(view, guarded)
         self._acknowledge(observation.polled, observation.errors)
         if held is None:
@@ -167,28 +191,153 @@ class Controller:
             actions=actions,
             errors=observation.errors,
             duration_s=self.timer() - started,
+            month_spend=month_spend,
+            failing_sources=sorted(
+                f"{kind}/{name}" for (kind, name), up in observation.source_status.items() if not up
+            ),
         )
+        self._journal_tick(report)
         if self.metrics is not None:
             self._record(self.metrics, observation, report)
         return report
 
-    @staticmethod
-    def _record(metrics: Metrics, observation: Observation, report: TickReport) -> None:
+    def check_fence(self) -> None:
+        """Raises ``LeadershipLost`` when this replica may no longer act under its token."""
+        if self.fence is not None:
+            self.fence(self.token)
+
+    def _month_spend(self, now: float, errors: list[str]) -> float | None:
+        if self.journal is None:
+            return None
+        try:
+            return self.journal.month_spend(now)
+        except JournalError as exc:
+            errors.append(str(exc))
+            return None
+
+    def _journal_tick(self, report: TickReport) -> None:
+        billed = self._billed_now(report.view)
+        if self.journal is None:
+            return
+        try:
+            accrued = self.journal.record_tick(self._entry(report), report.actions, billed)
+        except JournalError as exc:
+            report.errors.append(str(exc))
+            log.error("tick %d not journaled: %s", report.tick, exc)
+            return
+        report.accrued = accrued
+        if report.month_spend is not None:
+            report.month_spend += sum(accrued.values())
+        gone = self._billed - {node.instance_id for node in billed}
+        self.journal.forget(sorted(gone))
+        self._billed = {node.instance_id for node in billed}
+
+    def _billed_now(self, view: FleetView) -> list[Billed]:
+        prices = {p.pool.name: p.price for p in view.pools}
+        billed = []
+        for node in view.instances:
+            price = prices.get(node.pool)
+            record = self.table.get(node.instance_id)
+            if node.state not in _BILLED_STATES or price is None or record is None:
+                continue
+            billed.append(
+                Billed(
+                    node.instance_id,
+                    record.provider,
+                    node.pool,
+                    node.gpus,
+                    price.price_per_hour,
+                    node.launched_at,
+                )
+            )
+        return billed
+
+    def _entry(self, report: TickReport) -> TickEntry:
+        demand = report.view.demand
+        return TickEntry(
+            incarnation=self.incarnation,
+            tick=report.tick,
+            token=self.token,
+            at=report.now,
+            duration_s=report.duration_s,
+            outcome=_outcome(report),
+            held=report.held,
+            demand_known=demand.known,
+            pending_gpus=sum(g.gpus_per_job * g.jobs for g in demand.groups),
+            instances=len(report.view.instances),
+            cost_per_hour=cost_per_hour(report.view),
+            plan=report.plan.model_dump(mode="json", exclude={"placement"}),
+            clamps=[
+                {"rule": c.rule, "pool": c.pool, "requested": c.requested, "allowed": c.allowed}
+                for c in report.clamps
+            ],
+        )
+
+    def _record(self, metrics: Metrics, observation: Observation, report: TickReport) -> None:
+        view = report.view
         for (kind, name), up in observation.source_status.items():
             metrics.source_up.labels(kind, name).set(1 if up else 0)
             if not up:
                 metrics.source_errors.labels(kind, name).inc()
-        demand = report.view.demand
+        for (kind, name), age in observation.source_age.items():
+            metrics.signal_age.labels(kind, name).set(age)
+        demand = view.demand
         metrics.demand_known.set(1 if demand.known else 0)
         metrics.pending_gpus.set(sum(g.gpus_per_job * g.jobs for g in demand.groups))
+        self._record_pools(metrics, report)
         for action in report.actions:
+            metrics.actions.labels(action.kind, action.outcome).inc()
+            if action.kind == "interruption" and action.outcome == "ok" and action.pool:
+                metrics.interruptions.labels(action.pool).inc()
             if action.kind == "evacuate":
                 metrics.evacuations.labels(action.outcome).inc()
                 if action.lost_gpu_s:
                     metrics.work_lost.inc(action.lost_gpu_s)
-        outcome = "held" if report.held else ("degraded" if report.errors else "ok")
-        metrics.ticks.labels(outcome).inc()
+        for clamp in report.clamps:
+            metrics.clamps.labels(clamp.rule).inc()
+        rules = {c.rule for c in report.clamps}
+        metrics.budget_exhausted.labels("hourly").set(1 if "budget" in rules else 0)
+        metrics.budget_exhausted.labels("monthly").set(1 if "monthly_budget" in rules else 0)
+        if report.month_spend is not None:
+            metrics.month_spend.set(report.month_spend)
+        for pool, usd in report.accrued.items():
+            metrics.spend.labels(pool).inc(usd)
+        reports = self.checkpoints.reports
+        metrics.checkpoints.inc(max(0, reports - self._checkpoint_reports))
+        self._checkpoint_reports = reports
+        metrics.capacity_cache_entries.set(
+            sum(1 for p in view.pools if p.unavailable_until is not None)
+        )
+        metrics.decisions.labels(
+            "held" if report.held else ("clamped" if report.clamps else "ok")
+        ).inc()
+        metrics.ticks.labels(_outcome(report)).inc()
         metrics.tick_seconds.observe(report.duration_s)
+        metrics.fencing_token.set(self.token)
+
+    def _record_pools(self, metrics: Metrics, report: TickReport) -> None:
+        view = report.view
+        live = [n for n in view.instances if n.state in LIVE_STATES]
+        launched = {p.name: 0 for p in self.config.pools}
+        for action in report.actions:
+            if action.kind == "launch" and action.pool in launched:
+                launched[action.pool] += action.done
+        drained = {a.instance_ids[0] for a in report.actions if a.kind == "drain" and a.done}
+        for pool_view in view.pools:
+            pool = pool_view.pool
+            nodes = [n for n in live if n.pool == pool.name]
+            staying = [n for n in nodes if n.state is not InstanceState.DRAINING]
+            staying = [n for n in staying if n.instance_id not in drained]
+            desired = len(staying) + launched[pool.name]
+            metrics.desired_instances.labels(pool.name).set(desired)
+            metrics.demand_gpus.labels(pool.name).set(desired * pool.gpus_per_instance)
+            metrics.supply_gpus.labels(pool.name).set(sum(n.gpus for n in nodes))
+            price = pool_view.price.price_per_hour if pool_view.price is not None else 0.0
+            metrics.cost_per_hour.labels(pool.name).set(price * len(nodes))
+            for state in InstanceState:
+                count = sum(1 for n in view.instances if n.pool == pool.name and n.state is state)
+                metrics.instances.labels(pool.name, state.value).set(count)
+        metrics.supply_gpus.labels("on-prem").set(sum(n.gpus for n in view.onprem))
 
     def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:
         for name, notices in polled.items():
@@ -205,3 +354,60 @@ class Controller:
         except Exception as exc:
             placement = self.last_plan.placement if self.last_plan is not None else Plan().placement
             return Plan(placement=placement, reason="held"), f"policy failed: {describe(exc)}"
+
+
+_BILLED_STATES = frozenset(
+    {
+        InstanceState.PENDING,
+        InstanceState.RUNNING,
+        InstanceState.DRAINING,
+        InstanceState.INTERRUPTED,
+    }
+)
+
+
+def _outcome(report: TickReport) -> str:
+    return "held" if report.held else ("degraded" if report.errors else "ok")
+
+
+def cost_per_hour(view: FleetView) -> float:
+    """What the live instances cost per hour at their pools' prices now."""
+    prices = {p.pool.name: p.price.price_per_hour for p in view.pools if p.price is not None}
+    return sum(prices.get(n.pool, 0.0) for n in view.instances if n.state in _BILLED_STATES)
+
+
+class CallLedger:
+    """Fences and journals the controller's cloud calls (see ``provider_calls``)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def started(
+        self, kind: str, provider: str, pool: str | None, count: int, request_id: str
+    ) -> None:
+        controller = self.controller
+        controller.check_fence()
+        if controller.journal is not None:
+            controller.journal.call_started(
+                request_id,
+                kind,
+                provider,
+                pool,
+                count,
+                controller.token,
+                controller.incarnation,
+                controller.clock.now(),
+            )
+
+    def finished(
+        self, request_id: str, outcome: str, instance_ids: Sequence[str], detail: str
+    ) -> None:
+        journal = self.controller.journal
+        if journal is None:
+            return
+        try:
+            journal.call_finished(
+                request_id, outcome, instance_ids, detail, self.controller.clock.now()
+            )
+        except JournalError as exc:
+            log.error("the outcome of %s was not journaled: %s", request_id, exc)

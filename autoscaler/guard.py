@@ -3,7 +3,10 @@
 A plan that names pools or instances the view does not hold is rejected whole (the tick then
 holds the fleet as it is). A sane plan is clamped: drains here, launches through an ``Allowance``
 that act consults for every launch, fallbacks included, so per-pool and total instance/GPU limits,
-the $/hour budget and the launch rate hold whatever act ends up buying.
+the $/hour budget, the monthly budget and the launch rate hold whatever act ends up buying.
+
+The monthly cap is read against the journal's spend this calendar month; while that spend is
+unknown (the journal cannot be read) scale-up is held, never assumed affordable.
 """
 
 from __future__ import annotations
@@ -67,8 +70,15 @@ def validate_plan(plan: object, view: FleetView) -> Plan:
 class Allowance:
     """The room a tick has left under every limit; act asks it before each launch."""
 
-    def __init__(self, limits: Limits, view: FleetView, memory: GuardMemory) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        view: FleetView,
+        memory: GuardMemory,
+        month_spend: float | None = None,
+    ) -> None:
         self.limits = limits
+        self.month_spend = month_spend
         self.now = view.now
         self.memory = memory
         self.clamps: list[Clamp] = []
@@ -102,6 +112,10 @@ class Allowance:
         self.unpriced = tuple(sorted(unpriced))
         if limits.max_cost_per_hour is not None:
             self.budget_left = 0.0 if unpriced else max(0.0, limits.max_cost_per_hour - cost)
+        self.month_left: float = _INF
+        if limits.max_cost_per_month is not None:
+            spent = month_spend if month_spend is not None else _INF
+            self.month_left = max(0.0, limits.max_cost_per_month - spent)
 
     def admit_launch(self, pool_view: PoolView, count: int) -> int:
         """How many of ``count`` instances may be launched in this pool; debits what it grants."""
@@ -121,6 +135,7 @@ class Allowance:
         allowed = self._cap(allowed, "max_gpus", pool.name, count, gpu_room)
         allowed = self._cap(allowed, "launch_rate", pool.name, count, self.launches_left)
         allowed = self._cap(allowed, "budget", pool.name, count, self._budget_room(pool_view))
+        allowed = self._cap(allowed, "monthly_budget", pool.name, count, self._month_room())
         granted = int(allowed)
         self._debit(pool_view, granted)
         return granted
@@ -131,7 +146,8 @@ class Allowance:
             self.launches_left <= 0
             or self.instances_left <= 0
             or self.gpus_left <= 0
-            or (self.budget_left <= 0)
+            or self.budget_left <= 0
+            or self.month_left <= 0
         )
 
     def note_skipped(self, launches: Sequence[LaunchRequest]) -> None:
@@ -144,6 +160,7 @@ class Allowance:
                 ("max_instances", self.instances_left),
                 ("max_gpus", self.gpus_left),
                 ("budget", self.budget_left),
+                ("monthly_budget", self.month_left),
             )
             if room <= 0
         )
@@ -180,6 +197,9 @@ class Allowance:
             return _INF
         return math.floor(self.budget_left / price + 1e-9)
 
+    def _month_room(self) -> float:
+        return 0 if self.month_left <= 0 else _INF
+
     def _cap(self, allowed: float, rule: str, pool: str, requested: int, room: float) -> float:
         room = max(0.0, room)
         if room < allowed:
@@ -191,6 +211,13 @@ class Allowance:
 def _why(rule: str, allowance: Allowance) -> str:
     if rule == "budget" and allowance.unpriced:
         return "no price known for pool(s) " + ", ".join(allowance.unpriced) + "; scale-up held"
+    if rule == "monthly_budget" and allowance.month_spend is None:
+        return "this month's spend is unknown (journal unreadable); scale-up held"
+    if rule == "monthly_budget":
+        return (
+            f"limits.max_cost_per_month reached: ${allowance.month_spend:,.2f} spent of "
+            f"${allowance.limits.max_cost_per_month:,.2f}"
+        )
     return {
         "scale_up_cooldown": "pool scaled up recently",
         "pool_max_instances": "pool is at its max_instances",
@@ -216,9 +243,16 @@ class GuardedPlan:
         return self.allowance.clamps
 
 
-def guard(plan: Plan, view: FleetView, limits: Limits, memory: GuardMemory) -> GuardedPlan:
-    """Clamp a validated plan. Drains are settled here; launches are admitted one by one in act."""
-    allowance = Allowance(limits, view, memory)
+def guard(
+    plan: Plan,
+    view: FleetView,
+    limits: Limits,
+    memory: GuardMemory,
+    month_spend: float | None = None,
+) -> GuardedPlan:
+    """Clamp a validated plan. Drains are settled here; launches are admitted one by one in act.
+    ``month_spend`` is this calendar month's spend so far, for ``limits.max_cost_per_month``."""
+    allowance = Allowance(limits, view, memory, month_spend)
     nodes = {node.instance_id: node for node in view.instances}
     admitted: list[DrainRequest] = []
     for drain in plan.drains:

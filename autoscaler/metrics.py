@@ -1,76 +1,169 @@
 """The controller's Prometheus metrics, named ``gpu_autoscaler_*`` after the Prometheus
-conventions. One ``Metrics`` object per controller, on its own registry, so tests and several
-controllers in one process never share series."""
+conventions (base units, ``_total`` counters, ``_seconds``, ``_dollars``). One ``Metrics`` object
+per controller, on its own registry, so tests and several controllers in one process never share
+series. Served with ``/healthz`` and ``/readyz`` by ``health.StatusServer``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from wsgiref.simple_server import WSGIServer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        r = self.registry
+        # signals
         self.source_up = Gauge(
             "gpu_autoscaler_source_up",
             "1 when the source answered on the last tick, 0 when it failed",
             ["kind", "source"],
-            registry=self.registry,
+            registry=r,
         )
         self.source_errors = Counter(
             "gpu_autoscaler_source_errors",
             "Ticks on which the source failed",
             ["kind", "source"],
-            registry=self.registry,
+            registry=r,
+        )
+        self.signal_age = Gauge(
+            "gpu_autoscaler_signal_age_seconds",
+            "Seconds since the source last answered (staleness of what the controller acts on)",
+            ["kind", "source"],
+            registry=r,
         )
         self.demand_known = Gauge(
             "gpu_autoscaler_demand_known",
             "1 when every queue source answered on the last tick (scale-down is held while 0)",
-            registry=self.registry,
+            registry=r,
         )
         self.pending_gpus = Gauge(
-            "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=self.registry
+            "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=r
+        )
+        # fleet, per pool
+        self.demand_gpus = Gauge(
+            "gpu_autoscaler_demand_gpus",
+            "GPUs the plan wants in the pool: live GPUs plus launches less drains",
+            ["pool"],
+            registry=r,
+        )
+        self.supply_gpus = Gauge(
+            "gpu_autoscaler_supply_gpus",
+            "GPUs of the pool's live instances (on-prem nodes under pool 'on-prem')",
+            ["pool"],
+            registry=r,
+        )
+        self.desired_instances = Gauge(
+            "gpu_autoscaler_desired_instances",
+            "Instances the guarded plan wants in the pool",
+            ["pool"],
+            registry=r,
+        )
+        self.instances = Gauge(
+            "gpu_autoscaler_instances",
+            "Instances we own in the pool, by lifecycle state",
+            ["pool", "state"],
+            registry=r,
+        )
+        # money
+        self.cost_per_hour = Gauge(
+            "gpu_autoscaler_cost_per_hour_dollars",
+            "What the pool's live instances cost per hour at its price now",
+            ["pool"],
+            registry=r,
+        )
+        self.spend = Counter(
+            "gpu_autoscaler_spend_dollars",
+            "Dollars accrued by our instances since this process started",
+            ["pool"],
+            registry=r,
+        )
+        self.month_spend = Gauge(
+            "gpu_autoscaler_month_spend_dollars",
+            "Dollars accrued this calendar month (UTC), from the journal",
+            registry=r,
+        )
+        self.budget_exhausted = Gauge(
+            "gpu_autoscaler_budget_exhausted",
+            "1 while the cap stops scale-up (cap: hourly or monthly)",
+            ["cap"],
+            registry=r,
+        )
+        # decisions and actions
+        self.decisions = Counter(
+            "gpu_autoscaler_decisions",
+            "Policy decisions by outcome (ok, clamped, held)",
+            ["outcome"],
+            registry=r,
+        )
+        self.clamps = Counter(
+            "gpu_autoscaler_clamps",
+            "Parts of plans the guard cut, by rule",
+            ["rule"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "gpu_autoscaler_actions",
+            "Actions taken, by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        # clouds
+        self.provider_seconds = Histogram(
+            "gpu_autoscaler_provider_request_duration_seconds",
+            "Latency of calls to a cloud provider, by operation",
+            ["provider", "operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.provider_errors = Counter(
+            "gpu_autoscaler_provider_errors",
+            "Failed calls to a cloud provider, by operation and error code",
+            ["provider", "operation", "code"],
+            registry=r,
+        )
+        self.capacity_cache_entries = Gauge(
+            "gpu_autoscaler_capacity_cache_entries",
+            "Pools held unavailable by the insufficient-capacity cache",
+            registry=r,
+        )
+        # interruptions and checkpoints
+        self.interruptions = Counter(
+            "gpu_autoscaler_interruptions",
+            "Interruption notices acted on, by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "gpu_autoscaler_checkpoints",
+            "Checkpoints jobs reported to the controller",
+            registry=r,
         )
         self.evacuations = Counter(
             "gpu_autoscaler_evacuations",
             "Jobs moved off nodes the cloud is taking back, by what happened to each",
             ["move"],
-            registry=self.registry,
+            registry=r,
         )
         self.work_lost = Counter(
             "gpu_autoscaler_work_lost_gpu_seconds",
             "GPU-seconds lost to interruptions: what ran since the checkpoint a job resumes from",
-            registry=self.registry,
+            registry=r,
         )
-        self.ticks = Counter(
-            "gpu_autoscaler_ticks", "Ticks by outcome", ["outcome"], registry=self.registry
-        )
+        # the loop
+        self.ticks = Counter("gpu_autoscaler_ticks", "Ticks by outcome", ["outcome"], registry=r)
         self.tick_seconds = Histogram(
             "gpu_autoscaler_tick_duration_seconds",
             "Wall time of a tick",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=self.registry,
+            registry=r,
         )
-
-
-class MetricsServer:
-    """Serves a registry on ``/metrics`` from a daemon thread, for as long as the run loop runs."""
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self.registry = registry
-        self.host = host
-        self.requested_port = port
-        self.port = port
-        self._server: WSGIServer | None = None
-
-    def start(self, wakeup: Callable[[], None] | None = None) -> None:
-        self._server, _ = start_http_server(self.requested_port, self.host, self.registry)
-        self.port = self._server.server_port
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self.leader = Gauge(
+            "gpu_autoscaler_leader", "1 while this replica holds the leader lock", registry=r
+        )
+        self.fencing_token = Gauge(
+            "gpu_autoscaler_fencing_token",
+            "The leader lock's fencing token this replica acts under (0 on a standby)",
+            registry=r,
+        )

@@ -53,6 +53,7 @@ class Observation:
     failed_providers: set[str] = field(default_factory=set)
     polled: dict[str, list[InterruptionNotice]] = field(default_factory=dict)
     source_status: dict[tuple[str, str], bool] = field(default_factory=dict)
+    source_age: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class NoticeSource(Protocol):
@@ -98,6 +99,8 @@ class Observer:
         self._last_prices: dict[str, PriceQuote] = {}
         self._node_cache: dict[str, tuple[object, CloudNode]] = {}
         self._underused_since: dict[str, float] = {}
+        self._answered_at: dict[tuple[str, str], float] = {}
+        self._first_observed: float | None = None
 
     def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
         errors: list[str] = []
@@ -157,7 +160,18 @@ class Observer:
         )
         for message in errors:
             log.warning("observe: %s", message)
-        return Observation(view, sync, errors, failed, polled, status)
+        return Observation(view, sync, errors, failed, polled, status, self._ages(now, status))
+
+    def _ages(
+        self, now: float, status: dict[tuple[str, str], bool]
+    ) -> dict[tuple[str, str], float]:
+        """Seconds since each source last answered (since the first tick, if it never has)."""
+        if self._first_observed is None:
+            self._first_observed = now
+        for key, up in status.items():
+            if up:
+                self._answered_at[key] = now
+        return {key: now - self._answered_at.get(key, self._first_observed) for key in status}
 
     def _with_pool(self, notice: InterruptionNotice) -> InterruptionNotice:
         """A notice from a node agent knows its instance, not its pool: the table does."""

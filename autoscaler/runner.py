@@ -1,6 +1,11 @@
 """The long-running controller: a tick every ``tick_seconds``, or sooner when a provider or the
 node agents' inbox wakes it with an interruption notice; SIGTERM or SIGINT end the loop after the
-tick in flight."""
+tick in flight.
+
+Under a leader lock the loop ticks only while it holds the lock, renewing it between ticks (every
+third of the lease), and a standby polls at that pace; the controller acts under the lock's
+fencing token, so a tick that finds the lock lost stops acting at once.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,15 @@ from typing import Protocol
 
 from autoscaler.controller import Controller, TickReport
 from autoscaler.errors import describe
+from autoscaler.health import Readiness
+from autoscaler.leader import LeaderLock, LeadershipLost, SoleReplica
+from autoscaler.logs import fields
+from autoscaler.metrics import Metrics
 from autoscaler.provider import Provider
 
 log = logging.getLogger(__name__)
+
+RENEWALS_PER_LEASE = 3.0
 
 
 class Background(Protocol):
@@ -33,17 +44,29 @@ class Runner:
         controller: Controller,
         providers: Mapping[str, Provider],
         background: Sequence[Background] = (),
+        lock: LeaderLock | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.controller = controller
         self.providers = providers
         self.background = background
+        self.lock: LeaderLock = lock or SoleReplica()
+        self.readiness = readiness
+        self.metrics: Metrics | None = controller.metrics
         self.stopping = threading.Event()
         self._wake = threading.Event()
+        self._token: int | None = None
 
     def stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """Finish the tick in flight, then leave the loop (also the SIGTERM/SIGINT handler)."""
         self.stopping.set()
         self._wake.set()
+
+    @property
+    def renew_every_s(self) -> float:
+        lease = self.lock.lease_seconds
+        period = self.controller.config.tick_seconds
+        return min(period, lease / RENEWALS_PER_LEASE) if lease > 0 else period
 
     def run(self, max_ticks: int | None = None) -> int:
         if threading.current_thread() is threading.main_thread():
@@ -61,6 +84,9 @@ class Runner:
                 service.start(self._wake.set)
                 started_background.append(service)
             while not self.stopping.is_set() and (max_ticks is None or done < max_ticks):
+                if not self._lead():
+                    self._wake.wait(self.renew_every_s)
+                    continue
                 started = time.monotonic()
                 self._wake.clear()
                 self._tick()
@@ -71,8 +97,9 @@ class Runner:
                 due = self.controller.next_due()
                 if due is not None:
                     wait = min(wait, due - self.controller.clock.now())
-                self._wake.wait(max(0.0, wait))
+                self._wait_leading(max(0.0, wait))
         finally:
+            self._release()
             for service in started_background:
                 service.close()
             for provider in self.providers.values():
@@ -82,13 +109,112 @@ class Runner:
         log.info("controller stopped after %d tick(s)", done)
         return 0
 
+    def _wait_leading(self, wait_s: float) -> None:
+        """Wait for the next tick, renewing the lock on the way; a wake-up or a lost lock ends
+        the wait early."""
+        deadline = time.monotonic() + wait_s
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(min(left, self.renew_every_s)):
+                return
+            if not self._lead():
+                return
+
+    def _lead(self) -> bool:
+        """Take or renew the lock; True while this replica leads."""
+        try:
+            token = self.lock.acquire()
+        except Exception as exc:
+            log.error("leader lock: %s", describe(exc))
+            token = None
+        if token != self._token:
+            self._changed(token)
+        return token is not None
+
+    def _changed(self, token: int | None) -> None:
+        previous, self._token = self._token, token
+        if token is None:
+            log.warning(
+                "not the leader (fencing token was %s); standing by", previous, extra=fields()
+            )
+        else:
+            log.info("leading as %s", self.lock.identity, extra=fields(token=token))
+            self.controller.token = token
+            self._take_over()
+        if self.readiness is not None:
+            self.readiness.leadership(token is not None)
+        if self.metrics is not None:
+            self.metrics.leader.set(1 if token is not None else 0)
+            self.metrics.fencing_token.set(token or 0)
+
+    def _take_over(self) -> None:
+        """A new leader reads the journal afresh: another replica may have written to it, and a
+        killed one may have left calls unfinished."""
+        journal = self.controller.journal
+        if journal is None:
+            return
+        try:
+            journal.reload()
+            journal.close_unfinished(self.controller.clock.now())
+        except Exception as exc:
+            log.error("journal: %s", describe(exc))
+
+    def _release(self) -> None:
+        if self._token is None:
+            return
+        try:
+            self.lock.release()
+        except Exception as exc:
+            log.error("releasing the leader lock: %s", describe(exc))
+        self._token = None
+
     def _tick(self) -> None:
         try:
             report = self.controller.tick()
+        except LeadershipLost as exc:
+            log.error("leadership lost mid-tick, no further action: %s", exc)
+            self._changed(None)
+            return
         except Exception as exc:
             log.exception("tick failed, the controller goes on: %s", describe(exc))
             return
-        log.info("%s", summary(report))
+        if self.readiness is not None:
+            self.readiness.tick_finished(report.failing_sources)
+        log_actions(report)
+        log.info("%s", summary(report), extra=fields(tick=report.tick, token=self.controller.token))
+
+
+def log_actions(report: TickReport) -> None:
+    """One event per action, with the fields a log search filters on."""
+    for action in report.actions:
+        level = logging.WARNING if action.outcome == "error" else logging.INFO
+        log.log(
+            level,
+            "%s %s: %s",
+            action.kind,
+            action.outcome,
+            action.detail or "-",
+            extra=fields(
+                tick=report.tick,
+                action=action.kind,
+                pool=action.pool,
+                outcome=action.outcome,
+                request_id=action.request_id,
+                instance_ids=list(action.instance_ids) or None,
+                job_id=action.job_id,
+                requested=action.requested,
+                done=action.done,
+            ),
+        )
+    for clamp in report.clamps:
+        log.info(
+            "guard clamped %s: %s",
+            clamp.rule,
+            clamp.detail,
+            extra=fields(tick=report.tick, action="clamp", pool=clamp.pool),
+        )
 
 
 def summary(report: TickReport) -> str:
@@ -104,6 +230,8 @@ def summary(report: TickReport) -> str:
         f"notices={len(report.view.notices)}",
         f"ms={report.duration_s * 1000:.0f}",
     ]
+    if report.month_spend is not None:
+        parts.append(f"month_spend=${report.month_spend:,.2f}")
     if report.held:
         parts.append(f"held={report.held!r}")
     if report.clamps:

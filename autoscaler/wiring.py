@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoscaler.clock import Clock
-from autoscaler.config import ControllerConfig, SourceRole
+from autoscaler.config import ControllerConfig, LeaderKind, SourceRole
 from autoscaler.errors import InputError
 from autoscaler.inbox import InboxServer, NoticeInbox
+from autoscaler.journal import Journal, JournalError, open_journal
+from autoscaler.leader import LeaderLock, SoleReplica
+from autoscaler.logs import register_secret
 from autoscaler.observe import Signals
 from autoscaler.policy import PROVIDER_GROUP, load_entry_point
 from autoscaler.provider import Provider
@@ -135,6 +138,7 @@ def build_inbox(
             else f"the environment variable {settings.token_env}"
         )
         raise InputError(where, f"the notice inbox needs a token; {source} is empty", field=field)
+    register_secret(token)
     tls = None
     if settings.tls_cert is not None and settings.tls_key is not None:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -154,3 +158,69 @@ def build_inbox(
             f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}",
             field="inbox.listen",
         ) from None
+
+
+def read_postgres_dsn(config: ControllerConfig, where: str = "config") -> str | None:
+    """The journal's DSN from its environment variable, registered as a secret before anything
+    can log it."""
+    name = config.journal.postgres_dsn_env
+    if not config.journal.enabled or name is None:
+        return None
+    dsn = os.environ.get(name, "").strip()
+    if not dsn:
+        raise InputError(
+            where,
+            f"the environment variable {name} holding the journal's PostgreSQL DSN is not set",
+            field="journal.postgres_dsn_env",
+        )
+    register_secret(dsn)
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        register_secret(str(conninfo_to_dict(dsn).get("password") or ""))
+    except Exception:
+        raise InputError(
+            where,
+            f"the environment variable {name} does not hold a valid PostgreSQL DSN",
+            field="journal.postgres_dsn_env",
+        ) from None
+    return dsn
+
+
+def build_journal(
+    config: ControllerConfig, dsn: str | None, where: str = "config"
+) -> Journal | None:
+    if not config.journal.enabled:
+        return None
+    fenced_by = config.leader.name if leader_kind(config) is LeaderKind.POSTGRES else None
+    try:
+        return open_journal(config.journal.sqlite_path, dsn, fenced_by)
+    except JournalError as exc:
+        raise InputError(where, str(exc), field="journal") from None
+
+
+def leader_kind(config: ControllerConfig) -> LeaderKind:
+    kind = config.leader.kind
+    if kind is not LeaderKind.AUTO:
+        return kind
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return LeaderKind.KUBERNETES
+    if config.journal.enabled and config.journal.postgres_dsn_env is not None:
+        return LeaderKind.POSTGRES
+    return LeaderKind.NONE
+
+
+def build_lock(config: ControllerConfig, dsn: str | None) -> LeaderLock:
+    kind = leader_kind(config)
+    settings = config.leader
+    if kind is LeaderKind.KUBERNETES:
+        from autoscaler.leader.kubernetes import KubernetesLeaseLock
+
+        return KubernetesLeaseLock(
+            settings.name, namespace=settings.namespace, lease_seconds=settings.lease_seconds
+        )
+    if kind is LeaderKind.POSTGRES and dsn is not None:
+        from autoscaler.leader.postgres import PostgresLeaderLock
+
+        return PostgresLeaderLock(dsn, name=settings.name, lease_seconds=settings.lease_seconds)
+    return SoleReplica()

@@ -75,6 +75,7 @@ def test_run_scales_with_the_queue_and_acts_on_a_warning(aws: str, tmp_path: Pat
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=dict(os.environ),
+            cwd=tmp_path,  # the default journal lands here
         )
     try:
         for i in range(3):

@@ -119,6 +119,7 @@ def test_one_cloud_runs_dry_the_others_fill_the_fleet_then_it_drains(
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=dict(os.environ),
+            cwd=tmp_path,  # the default journal lands here
         )
 
     def counts() -> tuple[int, int, int]:

@@ -12,7 +12,8 @@ import urllib.request
 from fakes import job, pool, rig
 
 from autoscaler.inbox import InboxServer, NoticeInbox
-from autoscaler.metrics import Metrics, MetricsServer
+from autoscaler.health import Readiness, StatusServer
+from autoscaler.metrics import Metrics
 from autoscaler.runner import Runner
 
 TOKEN = "agent-shared-token"
@@ -28,7 +29,7 @@ def test_a_posted_notice_wakes_the_loop_and_the_node_is_drained() -> None:
 
     inbox = InboxServer(NoticeInbox(t.clock), TOKEN)
     metrics = Metrics()
-    metrics_server = MetricsServer(metrics.registry, "127.0.0.1", 0)
+    metrics_server = StatusServer(metrics.registry, Readiness(60.0), "127.0.0.1", 0)
     t.controller.signals.notices = (inbox.inbox,)
     t.controller.metrics = metrics
     runner = Runner(t.controller, {"fake": t.cloud}, [inbox, metrics_server])

@@ -13,24 +13,21 @@ no DCGM series, so a scraper tells "no GPU here" apart from "agent down".
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
 from types import TracebackType
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from autoscaler.agent.gpus import GpuReader, GpuReading
+from autoscaler.wsgi import App, Serving, bind, text
 
 log = logging.getLogger(__name__)
 
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
-POLL_INTERVAL_S = 0.2
 
 Field = tuple[str, str, Callable[[GpuReading], float | None]]
 
@@ -122,21 +119,6 @@ class GpuCollector(Collector):
         ]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Requests go to the debug log, not stderr: Prometheus scrapes every few seconds."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
 class GpuMetricsServer:
     """Serves ``GET /metrics`` and ``GET /healthz`` for this node's GPUs.
 
@@ -150,15 +132,15 @@ class GpuMetricsServer:
     ) -> None:
         self.hostname = hostname
         self.host = host
-        self._httpd = _bind(host, port, self._route)
-        self.port: int = int(self._httpd.server_address[1])
+        self._serving = Serving(_bind(host, port, self._route), "gpu-metrics")
+        self.port: int = self._serving.port
         self._reader = GpuReader(nvml)
         self.available: bool = self._reader.start()
         self.reason: str | None = self._reader.reason
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(self._reader, hostname))
         self._metrics_app = make_wsgi_app(self.registry)
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._stopped = False
         if self.available:
             log.info(
@@ -177,25 +159,17 @@ class GpuMetricsServer:
             )
 
     def start(self) -> None:
-        if self._thread is not None or self._stopped:
+        if self._started or self._stopped:
             return
+        self._started = True
         self._reader.watch_xids()
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": POLL_INTERVAL_S},
-            name="gpu-metrics",
-            daemon=True,
-        )
-        self._thread.start()
+        self._serving.start()
 
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-        self._httpd.server_close()
+        self._serving.close()
         self._reader.close()
 
     def __enter__(self) -> GpuMetricsServer:
@@ -216,16 +190,15 @@ class GpuMetricsServer:
             body: Iterable[bytes] = self._metrics_app(environ, start_response)
             return body
         if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n"]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found: the agent serves /metrics and /healthz\n"]
+            return text(start_response, "200 OK", "ok\n")
+        return text(
+            start_response, "404 Not Found", "not found: the agent serves /metrics and /healthz\n"
+        )
 
 
-def _bind(host: str, port: int, app: Callable[..., Iterable[bytes]]) -> WSGIServer:
-    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+def _bind(host: str, port: int, app: App) -> WSGIServer:
     try:
-        return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+        return bind(host, port, app)
     except OSError as error:
         reason = error.strerror or str(error)
         raise ExporterError(f"cannot serve GPU metrics on {host}:{port}: {reason}") from None

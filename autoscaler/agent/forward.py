@@ -30,6 +30,7 @@ from tenacity import (
 
 from autoscaler.agent.metadata import AgentNotice, NoticeMetrics
 from autoscaler.errors import InputError, describe
+from autoscaler.logs import register_secret
 
 log = logging.getLogger(__name__)
 INBOX_PATH = "/v1/notices"
@@ -64,12 +65,14 @@ def load_token(token_file: Path | None, token_env: str) -> str:
             ) from None
         if not token:
             raise InputError(str(token_file), "the token file is empty")
+        register_secret(token)
         return token
     token = os.environ.get(token_env, "").strip()
     if not token:
         raise InputError(
             "--token-env", f"the environment variable {token_env} holding the token is not set"
         )
+    register_secret(token)
     return token
 
 

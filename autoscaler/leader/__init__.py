@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 
-class LeadershipLost(RuntimeError):
+class LeadershipLost(RuntimeError):  # noqa: N818 - a state, named as the callers say it
     """The lock is no longer ours (or its fencing token is stale): stop acting at once."""
 
 
