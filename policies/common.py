@@ -126,7 +126,9 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
         if node.state not in HOLDING_STATES or node.instance_id in gone:
             continue
         pool = pools.get(node.pool)
-        kind = Capacity.SPOT if pool is None or pool.pool.is_spot else Capacity.ON_DEMAND
+        if pool is None:
+            continue  # not configured any more: act collects it this tick
+        kind = Capacity.SPOT if pool.pool.is_spot else Capacity.ON_DEMAND
         if node.instance_id in idle_ids:
             result.idle.append((node, kind))
             continue

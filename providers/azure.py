@@ -268,6 +268,7 @@ class _Retail:
 
 class AzureProvider:
     name = "azure"
+    read_only = False  # plan mode sets it: a listing then deletes nothing
 
     def __init__(
         self,
@@ -371,7 +372,8 @@ class AzureProvider:
             name = str(vm.name)
             provisioning = _provisioning(vm)
             if provisioning in FAILED_STATES and not self._running_anyway(name):
-                self._delete_quietly(name)
+                if not self.read_only:
+                    self._delete_quietly(name)
                 continue
             state = STATES.get(provisioning, InstanceState.PENDING)
             if provisioning in FAILED_STATES:
