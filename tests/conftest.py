@@ -14,4 +14,5 @@ pytest_plugins = [
     "prometheus_server",
     "metadata_servers",
     "exporter_server",
+    "k8s_api_emulator",
 ]

@@ -14,6 +14,7 @@ from autoscaler.clock import ManualClock
 from autoscaler.config import ControllerConfig, Limits
 from autoscaler.controller import Controller
 from autoscaler.errors import CapacityError, ProviderError
+from autoscaler.journal import Journal
 from autoscaler.model import (
     DemandGroup,
     Instance,
@@ -219,6 +220,8 @@ def rig(
     limits: dict[str, Any] | None = None,
     capacity: dict[str, int] | None = None,
     capacity_cache_ttl_s: float = 300.0,
+    journal: Journal | None = None,
+    fence: Callable[[int], None] | None = None,
 ) -> Rig:
     clock = ManualClock(1_000_000.0)
     cloud = FakeCloud(
@@ -243,5 +246,7 @@ def rig(
         scheduler,
         incarnation="t",
         retry=RetryPolicy(attempts=3, sleep=lambda _s: None),
+        journal=journal,
+        fence=fence,
     )
     return Rig(controller, cloud, queue, nodes, scheduler, clock)
