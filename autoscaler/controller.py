@@ -172,7 +172,8 @@ class Controller:
         observation = self.observer.observe(now, number, self.last_plan)
         view = observation.view
         plan, held = self._decide(view)
-        month_spend = self._month_spend(now, observation.errors)
+        billed = self._billed_now(view)
+        month_spend = self._month_spend(now, billed, observation.errors)
         guarded = guard(plan, view, self.config.limits, self.memory, month_spend)
         self.check_fence()
         actions = self.actuator.act(view, guarded)
@@ -196,7 +197,7 @@ class Controller:
                 f"{kind}/{name}" for (kind, name), up in observation.source_status.items() if not up
             ),
         )
-        self._journal_tick(report)
+        self._journal_tick(report, billed)
         if self.metrics is not None:
             self._record(self.metrics, observation, report)
         return report
@@ -206,17 +207,18 @@ class Controller:
         if self.fence is not None:
             self.fence(self.token)
 
-    def _month_spend(self, now: float, errors: list[str]) -> float | None:
+    def _month_spend(self, now: float, billed: list[Billed], errors: list[str]) -> float | None:
+        """This month's spend up to now: what the journal holds plus what the instances have run
+        up since their last record."""
         if self.journal is None:
             return None
         try:
-            return self.journal.month_spend(now)
+            return self.journal.month_spend(now) + self.journal.unbilled(billed, now)
         except JournalError as exc:
             errors.append(str(exc))
             return None
 
-    def _journal_tick(self, report: TickReport) -> None:
-        billed = self._billed_now(report.view)
+    def _journal_tick(self, report: TickReport, billed: list[Billed]) -> None:
         if self.journal is None:
             return
         try:
@@ -226,8 +228,6 @@ class Controller:
             log.error("tick %d not journaled: %s", report.tick, exc)
             return
         report.accrued = accrued
-        if report.month_spend is not None:
-            report.month_spend += sum(accrued.values())
         gone = self._billed - {node.instance_id for node in billed}
         self.journal.forget(sorted(gone))
         self._billed = {node.instance_id for node in billed}

@@ -15,6 +15,7 @@ from autoscaler.config import ControllerConfig, Limits
 from autoscaler.controller import Controller
 from autoscaler.errors import CapacityError, ProviderError
 from autoscaler.journal import Journal
+from autoscaler.metrics import Metrics
 from autoscaler.model import (
     DemandGroup,
     Instance,
@@ -222,6 +223,7 @@ def rig(
     capacity_cache_ttl_s: float = 300.0,
     journal: Journal | None = None,
     fence: Callable[[int], None] | None = None,
+    metrics: Metrics | None = None,
 ) -> Rig:
     clock = ManualClock(1_000_000.0)
     cloud = FakeCloud(
@@ -248,5 +250,6 @@ def rig(
         retry=RetryPolicy(attempts=3, sleep=lambda _s: None),
         journal=journal,
         fence=fence,
+        metrics=metrics,
     )
     return Rig(controller, cloud, queue, nodes, scheduler, clock)

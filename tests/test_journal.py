@@ -150,7 +150,9 @@ def test_sqlite_survives_kill_9_at_any_instant(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     for round_number in range(8):
         writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), f"round{round_number}"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", WRITER, str(path), f"round{round_number}"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
         time.sleep(0.05 + 0.03 * round_number)

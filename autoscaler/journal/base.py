@@ -272,12 +272,25 @@ class Journal:
         self._note_month_spend(month, sum(accrued.values()))
         return accrued
 
-    def _accrue(self, node: Billed, now: float, month: str) -> float:
+    def unbilled(self, billed: Sequence[Billed], now: float) -> float:
+        """Dollars these instances have run up since they were last recorded: what the month's
+        spend will include once this tick is journaled."""
+        return sum(
+            node.price_per_hour * max(0.0, now - self._billed_since(node, now)) / 3600.0
+            for node in billed
+        )
+
+    def _billed_since(self, node: Billed, now: float) -> float:
         since = self._last_billed.get(node.instance_id)
         if since is None:
             since = self._last_billed_in_db(node.instance_id)
-        if since is None:
-            since = min(node.launched_at, now)
+            if since is None:
+                since = min(node.launched_at, now)
+            self._last_billed[node.instance_id] = since
+        return since
+
+    def _accrue(self, node: Billed, now: float, month: str) -> float:
+        since = self._billed_since(node, now)
         hours = max(0.0, now - since) / 3600.0
         usd = node.price_per_hour * hours
         self._exec(
