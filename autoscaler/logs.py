@@ -22,7 +22,7 @@ from typing import Any, TextIO
 REDACTED = "***"
 CONTEXT_FIELDS = (
     "tick",
-    "token",
+    "fencing_token",
     "pool",
     "action",
     "outcome",
@@ -97,8 +97,19 @@ class JsonFormatter(logging.Formatter):
                 event[name] = value
         if record.exc_info:
             event["error"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        line = json.dumps(event, default=str, ensure_ascii=False)
-        return self.secrets.scrub(line)
+        return json.dumps(
+            {key: self._scrubbed(value) for key, value in event.items()},
+            default=str,
+            ensure_ascii=False,
+        )
+
+    def _scrubbed(self, value: Any) -> Any:
+        """Each string is scrubbed before encoding, so the line stays valid JSON."""
+        if isinstance(value, str):
+            return self.secrets.scrub(value)
+        if isinstance(value, (list, tuple)):
+            return [self._scrubbed(item) for item in value]
+        return value
 
 
 class PlainFormatter(logging.Formatter):

@@ -140,7 +140,7 @@ class Runner:
                 "not the leader (fencing token was %s); standing by", previous, extra=fields()
             )
         else:
-            log.info("leading as %s", self.lock.identity, extra=fields(token=token))
+            log.info("leading as %s", self.lock.identity, extra=fields(fencing_token=token))
             self.controller.token = token
             self._take_over()
         if self.readiness is not None:
@@ -183,7 +183,11 @@ class Runner:
         if self.readiness is not None:
             self.readiness.tick_finished(report.failing_sources)
         log_actions(report)
-        log.info("%s", summary(report), extra=fields(tick=report.tick, token=self.controller.token))
+        log.info(
+            "%s",
+            summary(report),
+            extra=fields(tick=report.tick, fencing_token=self.controller.token),
+        )
 
 
 def log_actions(report: TickReport) -> None:
