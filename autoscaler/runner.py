@@ -2,9 +2,11 @@
 node agents' inbox wakes it with an interruption notice; SIGTERM or SIGINT end the loop after the
 tick in flight.
 
-Under a leader lock the loop ticks only while it holds the lock, renewing it between ticks (every
-third of the lease), and a standby polls at that pace; the controller acts under the lock's
-fencing token, so a tick that finds the lock lost stops acting at once.
+Under a leader lock a keeper thread takes and renews the lock every third of the lease, whatever
+the ticks are doing (a slow cloud call must not let the lease run out under a healthy leader); the
+loop ticks only while the lock is held, and each tick acts under the fencing token it started
+with, so a tick that finds the lock lost or changed hands stops acting at once. A paused process
+pauses its keeper too, which is what lets a standby take over.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class Runner:
         self.metrics: Metrics | None = controller.metrics
         self.stopping = threading.Event()
         self._wake = threading.Event()
+        self._state = threading.Lock()
         self._token: int | None = None
+        self._acting = False
 
     def stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """Finish the tick in flight, then leave the loop (also the SIGTERM/SIGINT handler)."""
@@ -75,6 +79,7 @@ class Runner:
         period = self.controller.config.tick_seconds
         done = 0
         started_background: list[Background] = []
+        keeper = threading.Thread(target=self._keep_lease, name="leader-lease", daemon=True)
         try:
             for provider in self.providers.values():
                 start = getattr(provider, "start", None)
@@ -83,10 +88,16 @@ class Runner:
             for service in self.background:
                 service.start(self._wake.set)
                 started_background.append(service)
+            self._lead()
+            keeper.start()
             while not self.stopping.is_set() and (max_ticks is None or done < max_ticks):
-                if not self._lead():
+                token = self._token
+                if token is None:
                     self._wake.wait(self.renew_every_s)
+                    self._wake.clear()
                     continue
+                if token != self.controller.token or not self._acting:
+                    self._take_over(token)
                 started = time.monotonic()
                 self._wake.clear()
                 self._tick()
@@ -97,8 +108,11 @@ class Runner:
                 due = self.controller.next_due()
                 if due is not None:
                     wait = min(wait, due - self.controller.clock.now())
-                self._wait_leading(max(0.0, wait))
+                self._wake.wait(max(0.0, wait))
         finally:
+            self.stopping.set()
+            if keeper.is_alive():
+                keeper.join(timeout=self.renew_every_s + 5)
             self._release()
             for service in started_background:
                 service.close()
@@ -109,18 +123,9 @@ class Runner:
         log.info("controller stopped after %d tick(s)", done)
         return 0
 
-    def _wait_leading(self, wait_s: float) -> None:
-        """Wait for the next tick, renewing the lock on the way; a wake-up or a lost lock ends
-        the wait early."""
-        deadline = time.monotonic() + wait_s
-        while not self.stopping.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._wake.wait(min(left, self.renew_every_s)):
-                return
-            if not self._lead():
-                return
+    def _keep_lease(self) -> None:
+        while not self.stopping.wait(self.renew_every_s):
+            self._lead()
 
     def _lead(self) -> bool:
         """Take or renew the lock; True while this replica leads."""
@@ -129,29 +134,31 @@ class Runner:
         except Exception as exc:
             log.error("leader lock: %s", describe(exc))
             token = None
-        if token != self._token:
-            self._changed(token)
+        with self._state:
+            if token != self._token:
+                self._changed(token)
         return token is not None
 
     def _changed(self, token: int | None) -> None:
         previous, self._token = self._token, token
         if token is None:
-            log.warning(
-                "not the leader (fencing token was %s); standing by", previous, extra=fields()
-            )
+            self._acting = False
+            log.warning("not the leader (fencing token was %s); standing by", previous)
         else:
             log.info("leading as %s", self.lock.identity, extra=fields(fencing_token=token))
-            self.controller.token = token
-            self._take_over()
+            self._wake.set()
         if self.readiness is not None:
             self.readiness.leadership(token is not None)
         if self.metrics is not None:
             self.metrics.leader.set(1 if token is not None else 0)
             self.metrics.fencing_token.set(token or 0)
 
-    def _take_over(self) -> None:
-        """A new leader reads the journal afresh: another replica may have written to it, and a
-        killed one may have left calls unfinished."""
+    def _take_over(self, token: int) -> None:
+        """The loop's thread starts acting under a new token. A new leader reads the journal
+        afresh: another replica may have written to it, and a killed one may have left calls
+        unfinished."""
+        self.controller.token = token
+        self._acting = True
         journal = self.controller.journal
         if journal is None:
             return
@@ -162,20 +169,22 @@ class Runner:
             log.error("journal: %s", describe(exc))
 
     def _release(self) -> None:
-        if self._token is None:
-            return
-        try:
-            self.lock.release()
-        except Exception as exc:
-            log.error("releasing the leader lock: %s", describe(exc))
-        self._token = None
+        with self._state:
+            if self._token is None:
+                return
+            try:
+                self.lock.release()
+            except Exception as exc:
+                log.error("releasing the leader lock: %s", describe(exc))
+            self._token = None
 
     def _tick(self) -> None:
         try:
             report = self.controller.tick()
         except LeadershipLost as exc:
             log.error("leadership lost mid-tick, no further action: %s", exc)
-            self._changed(None)
+            self._acting = False
+            self._lead()
             return
         except Exception as exc:
             log.exception("tick failed, the controller goes on: %s", describe(exc))
