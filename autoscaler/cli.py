@@ -114,6 +114,28 @@ def _parser() -> argparse.ArgumentParser:
             help="skip replaying the default policy with checkpoint awareness flipped",
         )
         report.add_argument("--no-progress", action="store_true", help="no progress bar")
+        report.add_argument(
+            "--journal",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="report real spend from this SQLite journal instead of replaying a scenario",
+        )
+        report.add_argument(
+            "--journal-postgres-env",
+            default=None,
+            metavar="VAR",
+            help="report real spend from the PostgreSQL journal whose DSN this variable holds",
+        )
+        report.add_argument("--since", default=None, help="journal period start (ISO, UTC)")
+        report.add_argument("--until", default=None, help="journal period end (ISO, UTC)")
+        report.add_argument(
+            "--compare-scenario",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="with --journal: put this scenario's replay of the policy beside the real spend",
+        )
         report.set_defaults(run=_report)
     return parser
 
@@ -253,6 +275,25 @@ def _param_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.journal is not None or args.journal_postgres_env is not None:
+        from autoscaler.report.journal import run_journal_report
+
+        policies = args.policy or []
+        if len(policies) > 1:
+            raise InputError("--policy", "name one policy to compare a journal with")
+        return run_journal_report(
+            args.journal,
+            args.journal_postgres_env,
+            args.since,
+            args.until,
+            args.out,
+            args.compare_scenario,
+            policies[0] if policies else None,
+        )
+    if args.since or args.until or args.compare_scenario:
+        raise InputError(
+            "report", "--since, --until and --compare-scenario go with a journal (--journal)"
+        )
     from tqdm import tqdm
 
     from autoscaler.report.build import DEFAULT_POLICY, build_report

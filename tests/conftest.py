@@ -15,4 +15,5 @@ pytest_plugins = [
     "metadata_servers",
     "exporter_server",
     "k8s_api_emulator",
+    "postgres_server",
 ]

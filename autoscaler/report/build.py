@@ -210,6 +210,11 @@ def _pool_rows(prepared: Prepared) -> list[PoolRow]:
     return rows
 
 
+def _p95_text(policy: PolicyResult) -> str:
+    """A journal's row knows no queue wait; it reads as unknown, never as zero."""
+    return "unknown" if policy.wait_s is None else f"{policy.wait_s.p95:.0f} s"
+
+
 def _findings(
     policies: Sequence[PolicyResult], default: str, bounds: Sequence[LowerBoundResult]
 ) -> list[str]:
@@ -224,7 +229,7 @@ def _findings(
         lines.append(
             f"{chosen.label} costs {ratio:.2f}x {other.label} "
             f"(${chosen.cost:,.0f} vs ${other.cost:,.0f}) "
-            f"at p95 wait {chosen.wait_s.p95:.0f} s vs {other.wait_s.p95:.0f} s."
+            f"at p95 wait {_p95_text(chosen)} vs {_p95_text(other)}."
         )
     for bound in bounds:
         if bound.cost:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,15 +25,17 @@ class PoolCost(Frozen):
 class GpuHours(Frozen):
     """Where GPU-hours went. ``useful`` is the trace's work done; ``lost`` the work thrown away by
     interruptions; ``checkpointing`` the time spent writing checkpoints; ``cloud_idle`` paid
-    cloud GPU-hours with no job on them (booting, waiting to be drained, packing waste)."""
+    cloud GPU-hours with no job on them (booting, waiting to be drained, packing waste).
+    ``None`` is a figure the source cannot know (a journal records what was paid, not how
+    the jobs used it), shown as unknown rather than as a zero."""
 
-    useful: float
-    allocated_onprem: float
-    allocated_cloud: float
+    useful: float | None
+    allocated_onprem: float | None
+    allocated_cloud: float | None
     cloud_paid: float
-    cloud_idle: float
+    cloud_idle: float | None
     lost: float
-    checkpointing: float
+    checkpointing: float | None
 
 
 class Series(Frozen):
@@ -60,23 +62,24 @@ class PolicyResult(Frozen):
     cost: float
     cost_by_pool: list[PoolCost]
     cost_per_useful_gpu_hour: float | None
-    wait_s: Percentiles
-    jobs_total: int
-    jobs_finished: int
-    jobs_never_started: int
+    # None where the source cannot know the figure (a journal report): unknown, not zero
+    wait_s: Percentiles | None
+    jobs_total: int | None
+    jobs_finished: int | None
+    jobs_never_started: int | None
     gpu_hours: GpuHours
-    onprem_utilisation: float
+    onprem_utilisation: float | None
     interruptions: int
-    checkpoints: int
+    checkpoints: int | None
     requeues: int
-    migrations: int = 0
+    migrations: int | None = 0
     instances_launched: int
     capacity_failures: int
     held_ticks: int
     clamps: dict[str, int] = Field(default_factory=dict)
     ratio_to_lower_bound: dict[str, float | None] = Field(default_factory=dict)
     ticks: int
-    replay_wall_s: float
+    replay_wall_s: float | None
     tick_ms: Percentiles
     timeline: PolicyTimeline
 
@@ -95,12 +98,12 @@ class LowerBoundResult(Frozen):
 class PoolRow(Frozen):
     name: str
     provider: str
-    region: str
+    region: str | None
     zone: str | None
-    instance_type: str
+    instance_type: str | None
     gpus: int
-    market: str
-    price_per_hour_at_start: float
+    market: str | None
+    price_per_hour_at_start: float | None
     interruptions: str
 
 
@@ -109,9 +112,9 @@ class WindowInfo(Frozen):
     start_s: float
     end_s: float
     days: float
-    jobs: int
-    carried_jobs: int
-    gpu_hours_submitted: float
+    jobs: int | None
+    carried_jobs: int | None
+    gpu_hours_submitted: float | None
     skipped: dict[str, int] = Field(default_factory=dict)
 
 
@@ -134,14 +137,38 @@ class CheckpointComparison(Frozen):
     unaware: CheckpointSide
 
 
+class JournalFacts(Frozen):
+    """What a live controller's journal records over a period, for a report of real spend.
+
+    ``actions`` counts every journaled action by kind and outcome (an evacuation's outcome is
+    the move its job made); ``budget_capped_hours`` is, per guard rule (``budget``,
+    ``monthly_budget``), the time from each tick the rule clamped to the next tick."""
+
+    where: str
+    since: str | None
+    until: str | None
+    first_tick: str | None
+    last_tick: str | None
+    ticks_by_outcome: dict[str, int]
+    instances_billed: int
+    cost_by_provider: dict[str, float]
+    actions: dict[str, dict[str, int]]
+    instances_launched: int
+    instances_terminated: int
+    interruptions: int
+    lost_gpu_hours: float
+    budget_capped_hours: dict[str, float]
+    cloud_calls_cut_short: int
+
+
 class Report(Frozen):
     scenario: str
     description: str
     source: str
-    seed: int
+    seed: int | None
     start: str
-    wait_target_s: float
-    onprem_gpus: int
+    wait_target_s: float | None
+    onprem_gpus: int | None
     window: WindowInfo
     assumptions: list[str]
     pools: list[PoolRow]
@@ -150,3 +177,5 @@ class Report(Frozen):
     default_policy: str
     findings: list[str]
     checkpoint_comparison: CheckpointComparison | None = None
+    kind: Literal["dry-run", "journal"] = "dry-run"
+    journal: JournalFacts | None = None

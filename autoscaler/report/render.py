@@ -25,7 +25,9 @@ from matplotlib.ticker import FuncFormatter
 
 from autoscaler.report.model import (
     CheckpointComparison,
+    JournalFacts,
     LowerBoundResult,
+    Percentiles,
     PolicyResult,
     Report,
     Series,
@@ -59,16 +61,29 @@ def _ratio(value: float | None) -> str:
     return DASH if value is None or not math.isfinite(value) else f"{value:.2f}x"
 
 
-def _pct(fraction: float) -> str:
-    return f"{fraction * 100:.1f} %"
+# A figure the source cannot know (None) shows as a dash, never as a zero.
 
 
-def _num(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
+def _pct(fraction: float | None) -> str:
+    return DASH if fraction is None else f"{fraction * 100:.1f} %"
 
 
-def _secs(value: float) -> str:
-    return f"{value:g} s"
+def _num(value: float | None, digits: int = 0) -> str:
+    return DASH if value is None else f"{value:,.{digits}f}"
+
+
+def _secs(value: float | None) -> str:
+    return DASH if value is None else f"{value:g} s"
+
+
+def _wait(wait: Percentiles | None, pick: Callable[[Percentiles], float]) -> str:
+    return DASH if wait is None else _num(pick(wait))
+
+
+def _jobs(policy: PolicyResult) -> str:
+    if policy.jobs_finished is None or policy.jobs_total is None:
+        return DASH
+    return f"{policy.jobs_finished:,}/{policy.jobs_total:,}"
 
 
 def _wait_key_header(key: str) -> str:
@@ -174,9 +189,9 @@ def comparison_table(report: Report) -> Table:
             _usd(p.cost),
             _usd_cents(p.cost_per_useful_gpu_hour),
             *(_ratio(p.ratio_to_lower_bound.get(k)) for k in keys),
-            _num(p.wait_s.p50),
-            _num(p.wait_s.p95),
-            _num(p.wait_s.p99),
+            _wait(p.wait_s, lambda w: w.p50),
+            _wait(p.wait_s, lambda w: w.p95),
+            _wait(p.wait_s, lambda w: w.p99),
             _num(p.gpu_hours.useful, 1),
             _num(p.gpu_hours.cloud_paid, 1),
             _num(p.gpu_hours.cloud_idle, 1),
@@ -184,7 +199,7 @@ def comparison_table(report: Report) -> Table:
             _num(p.interruptions),
             _num(p.checkpoints),
             _pct(p.onprem_utilisation),
-            f"{p.jobs_finished:,}/{p.jobs_total:,}",
+            _jobs(p),
         ]
         for p in report.policies
     ]
@@ -257,6 +272,8 @@ def _bound_line(bound: LowerBoundResult) -> str:
 
 
 def _window_facts(report: Report) -> tuple[str, ...]:
+    if report.journal is not None:
+        return _journal_window(report.journal)
     w = report.window
     skipped = sum(w.skipped.values())
     skipped_text = f"{skipped:,} ({_counts(w.skipped)})" if skipped else "none"
@@ -271,6 +288,55 @@ def _window_facts(report: Report) -> tuple[str, ...]:
         f"On-prem GPUs: {report.onprem_gpus:,}; wait target {_secs(report.wait_target_s)}; "
         f"seed {report.seed}",
     )
+
+
+def _journal_window(facts: JournalFacts) -> tuple[str, ...]:
+    asked = f"{facts.since or 'the first record'} to {facts.until or 'the last record'}"
+    ticks = f"{facts.first_tick} to {facts.last_tick}" if facts.first_tick is not None else "none"
+    return (
+        f"Journal: {facts.where}",
+        f"Period asked for: {asked}",
+        f"Ticks recorded: {ticks}",
+        f"Ticks by outcome: {_counts(facts.ticks_by_outcome)}",
+        "A dash is a figure the journal cannot know (queue waits, jobs, GPU use); it is "
+        "not a zero.",
+    )
+
+
+def journal_facts(facts: JournalFacts) -> tuple[str, ...]:
+    capped = ", ".join(
+        f"{rule}: {hours:,.2f} h" for rule, hours in sorted(facts.budget_capped_hours.items())
+    )
+    providers = ", ".join(
+        f"{name}: {_usd_cents(usd)}" for name, usd in sorted(facts.cost_by_provider.items())
+    )
+    return (
+        f"Cloud cost: {_usd_cents(sum(facts.cost_by_provider.values()))} "
+        f"({providers or 'no cloud instance billed'})",
+        f"Instances billed: {facts.instances_billed:,}; launched: "
+        f"{facts.instances_launched:,}; terminated: {facts.instances_terminated:,}",
+        f"Interruptions: {facts.interruptions:,}; work lost: {facts.lost_gpu_hours:,.2f} GPU-h",
+        f"Scale-up stopped by a budget cap: {capped or 'never'}",
+        f"Cloud calls cut short by a stop: {facts.cloud_calls_cut_short:,}",
+    )
+
+
+def journal_actions_table(facts: JournalFacts) -> Table:
+    rows = [
+        [kind, outcome, _num(count)]
+        for kind, outcomes in sorted(facts.actions.items())
+        for outcome, count in sorted(outcomes.items())
+    ]
+    return _table(["Action", "Outcome", "Count"], rows, words=(0, 1))
+
+
+def _journal_blocks(facts: JournalFacts) -> tuple[Block, ...]:
+    blocks: list[Block] = [Bullets(journal_facts(facts))]
+    if facts.actions:
+        blocks += [Sub("Actions by outcome"), journal_actions_table(facts)]
+    else:
+        blocks.append(Para("No action was journaled in the period."))
+    return tuple(blocks)
 
 
 def _lower_bound_blocks(report: Report) -> tuple[Block, ...]:
@@ -384,10 +450,10 @@ def pools_table(report: Report) -> Table:
         [
             r.name,
             r.provider,
-            r.region,
+            r.region or DASH,
             r.zone or DASH,
-            r.instance_type,
-            r.market,
+            r.instance_type or DASH,
+            r.market or DASH,
             r.interruptions,
             str(r.gpus),
             _usd_cents(r.price_per_hour_at_start),
@@ -403,7 +469,7 @@ def replay_table(report: Report) -> Table:
         [
             p.label,
             _num(p.ticks),
-            f"{p.replay_wall_s:,.2f}",
+            _num(p.replay_wall_s, 2),
             f"{p.tick_ms.p50:,.2f}",
             f"{p.tick_ms.p95:,.2f}",
             f"{p.tick_ms.max:,.2f}",
@@ -415,8 +481,14 @@ def replay_table(report: Report) -> Table:
 
 def _lead_sections(report: Report) -> list[Section]:
     """What a reader needs first: what was replayed, how the policies compare, and against what."""
+    journal = (
+        [Section("What the journal recorded", _journal_blocks(report.journal))]
+        if report.journal is not None
+        else []
+    )
     return [
         Section("Window", (Bullets(_window_facts(report)),)),
+        *journal,
         Section("Comparison", (comparison_table(report),)),
         Section("Lower bounds", _lower_bound_blocks(report)),
         Section("Findings", (_findings(report),)),
@@ -436,6 +508,8 @@ def _detail_sections(report: Report) -> list[Section]:
 
 
 def _title(report: Report) -> str:
+    if report.kind == "journal":
+        return f"Real spend from the journal: {report.scenario}"
     return f"Dry-run cost report: {report.scenario}"
 
 
@@ -485,7 +559,10 @@ def render_markdown(report: Report) -> str:
 
 def summary_markdown(report: Report) -> str:
     """What the CLI prints after a run: enough to judge the result without opening a file."""
-    parts = [f"## {_md_text(_title(report))}", _md_table(comparison_table(report))]
+    parts = [f"## {_md_text(_title(report))}"]
+    if report.journal is not None:
+        parts.append(_md_block(Bullets(journal_facts(report.journal))))
+    parts.append(_md_table(comparison_table(report)))
     if report.lower_bounds:
         parts.append("\n".join(f"- {_bound_line(b)}" for b in report.lower_bounds))
     if report.checkpoint_comparison is not None:
@@ -615,7 +692,7 @@ def supply_svg(report: Report) -> str:
         fig = Figure(figsize=(9, 1.8 * panels + 0.9), layout="constrained")
         axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
         for ax, policy in zip(axes, report.policies, strict=False):
-            _supply_panel(ax, policy, report.onprem_gpus)
+            _supply_panel(ax, policy, report.onprem_gpus or 0)
         axes[-1].set_xlabel("days since window start")
         axes[0].set_ylim(bottom=0)
         handles, labels = axes[0].get_legend_handles_labels()
@@ -649,16 +726,17 @@ def _hourly_steps(series: Series, scale: float) -> tuple[list[float], list[float
 
 def wait_svg(report: Report) -> str:
     everything = [v for p in report.policies for v in p.timeline.wait_p95_by_hour.values]
-    unit, scale = _wait_unit([*everything, report.wait_target_s])
+    target_s = report.wait_target_s or 0.0
+    unit, scale = _wait_unit([*everything, target_s])
     with _plot_style():
         fig = Figure(figsize=(9, 3.5), layout="constrained")
         ax = fig.add_subplot()
         for i, p in enumerate(report.policies):
             xs, ys = _hourly_steps(p.timeline.wait_p95_by_hour, scale)
             ax.plot(xs, ys, color=_color(i), lw=1.2, label=_plain(p.label))
-        if report.wait_target_s > 0:
-            target = f"wait target {_secs(report.wait_target_s)}"
-            ax.axhline(report.wait_target_s / scale, color="0.3", lw=1, ls="--", label=target)
+        if target_s > 0:
+            target = f"wait target {_secs(target_s)}"
+            ax.axhline(target_s / scale, color="0.3", lw=1, ls="--", label=target)
         ax.set_xlabel("submission time, days since window start")
         ax.set_ylabel(f"p95 queue wait ({unit})")
         ax.set_ylim(bottom=0)
