@@ -1,0 +1,70 @@
+"""A queue source whose pending jobs are written in its settings: the same demand every tick.
+
+For demos, drills and the container image's smoke run, where a controller must see work without
+a real queue; with the ``sim`` provider it makes a whole controller that needs nothing outside
+its own process. Each entry's jobs count as submitted ``age_s`` before the first read, so their
+wait grows as a real queue's would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
+
+from autoscaler.inputfile import validate_settings
+from autoscaler.model import DemandGroup
+from autoscaler.sources import GroupKey, groups_from_counts
+
+
+class StaticJobs(BaseModel):
+    """Identical pending jobs: ``count`` of them, ``gpus`` each."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    count: PositiveInt = 1
+    gpus: PositiveInt = 1
+    checkpoint_interval_s: float | None = Field(
+        None, gt=0, description="how often the jobs checkpoint; unset: never"
+    )
+    high_priority: bool = False
+    gpu_model: str | None = None
+    partition: str | None = None
+    age_s: NonNegativeFloat = Field(0.0, description="how long they have waited at the first read")
+
+
+class StaticQueueSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    jobs: tuple[StaticJobs, ...] = Field(min_length=1)
+
+
+class StaticQueueSource:
+    def __init__(self, settings: StaticQueueSettings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self._first_read: float | None = None
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], name: str) -> StaticQueueSource:
+        parsed = validate_settings(StaticQueueSettings, dict(settings), field=f"sources.{name}")
+        return cls(parsed, name)
+
+    def read(self, now: float) -> Sequence[DemandGroup]:
+        if self._first_read is None:
+            self._first_read = now
+        counts: dict[GroupKey, int] = {}
+        oldest: dict[GroupKey, float] = {}
+        for entry in self.settings.jobs:
+            key = (
+                entry.gpus,
+                entry.checkpoint_interval_s,
+                entry.high_priority,
+                entry.gpu_model,
+                entry.partition,
+            )
+            submitted = min(self._first_read - entry.age_s, now)
+            counts[key] = counts.get(key, 0) + entry.count
+            oldest[key] = min(oldest.get(key, submitted), submitted)
+        return groups_from_counts(counts, oldest)
