@@ -11,8 +11,8 @@ import urllib.request
 
 from fakes import job, pool, rig
 
-from autoscaler.inbox import InboxServer, NoticeInbox
 from autoscaler.health import Readiness, StatusServer
+from autoscaler.inbox import InboxServer, NoticeInbox
 from autoscaler.metrics import Metrics
 from autoscaler.runner import Runner
 
