@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,3 +103,27 @@ def inject(client: Any, operation: str, faults: Faults) -> Callable[[], None]:
     event = f"before-send.ec2.{operation}"
     client.meta.events.register(event, faults)
     return lambda: client.meta.events.unregister(event, faults)
+
+
+def all_instances(url: str) -> list[dict[str, Any]]:
+    """Every instance moto holds in the test region, in any state."""
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+
+
+def live(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [i for i in instances if i["State"]["Name"] in ("pending", "running")]
+
+
+def instance_tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes; the caller asserts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False

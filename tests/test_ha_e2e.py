@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
 import psycopg
-from aws_support import REGION
+from aws_support import REGION, all_instances, eventually, instance_tags, live
 
 from autoscaler.provider import FLEET_TAG, REQUEST_TAG
 
@@ -45,26 +44,7 @@ pools:
 
 
 def ours(url: str) -> list[dict[str, Any]]:
-    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
-    found = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
-    return [i for i in found if tags(i).get(FLEET_TAG) == "ha"]
-
-
-def live(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [i for i in instances if i["State"]["Name"] in ("pending", "running")]
-
-
-def tags(instance: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
+    return [i for i in all_instances(url) if instance_tags(i).get(FLEET_TAG) == "ha"]
 
 
 class Replica:
@@ -113,8 +93,8 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
     b = Replica("b", config, postgres_dsn, tmp_path)
     replicas = [a, b]
     try:
-        assert wait_for(lambda: a.leads() or b.leads()), a.text()[-2000:] + b.text()[-2000:]
-        assert wait_for(lambda: len(live(ours(aws))) == 2)
+        assert eventually(lambda: a.leads() or b.leads()), a.text()[-2000:] + b.text()[-2000:]
+        assert eventually(lambda: len(live(ours(aws))) == 2)
         time.sleep(1.0)
         assert sum(r.leads() for r in replicas) == 1, "exactly one leader"
         leader, standby = (a, b) if a.leads() else (b, a)
@@ -125,11 +105,11 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
         leader.process.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         leader.process.wait(timeout=10)
-        assert wait_for(standby.leads, timeout=10), standby.text()[-2000:]
+        assert eventually(standby.leads, timeout=10), standby.text()[-2000:]
         takeover_s = time.monotonic() - killed_at
         assert takeover_s <= 2 * LEASE_S, f"took over after {takeover_s:.2f}s"
         print(f"takeover after SIGKILL: {takeover_s:.2f}s (lease {LEASE_S}s)")
-        assert wait_for(lambda: len(live(ours(aws))) == 4), standby.text()[-2000:]
+        assert eventually(lambda: len(live(ours(aws))) == 4), standby.text()[-2000:]
         time.sleep(1.0)
         assert len(ours(aws)) == 4, "nothing launched twice across the change of leader"
 
@@ -139,14 +119,14 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
         assert not c.leads()
         standby.process.send_signal(signal.SIGSTOP)
         paused_at = time.monotonic()
-        assert wait_for(c.leads, timeout=10), c.text()[-2000:]
+        assert eventually(c.leads, timeout=10), c.text()[-2000:]
         paused_takeover_s = time.monotonic() - paused_at
         assert paused_takeover_s <= 2 * LEASE_S + 1.0
         print(f"takeover after SIGSTOP: {paused_takeover_s:.2f}s (lease {LEASE_S}s)")
         demand(1)
-        assert wait_for(lambda: len(live(ours(aws))) == 5), c.text()[-2000:]
+        assert eventually(lambda: len(live(ours(aws))) == 5), c.text()[-2000:]
         standby.process.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: "leadership lost" in standby.text() or not standby.leads())
+        assert eventually(lambda: "leadership lost" in standby.text() or not standby.leads())
         time.sleep(1.5)
         assert len(ours(aws)) == 5, "the resumed former leader acted no more"
         assert not standby.leads() and c.leads()
@@ -164,7 +144,7 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
         ).fetchone()
     by_request: dict[str, int] = {}
     for instance in ours(aws):
-        request = tags(instance)[REQUEST_TAG]
+        request = instance_tags(instance)[REQUEST_TAG]
         by_request[request] = by_request.get(request, 0) + 1
     counts = {row[0]: row[2] for row in calls}
     for request, made in by_request.items():

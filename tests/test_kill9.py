@@ -17,13 +17,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from aws_support import REGION
+from aws_support import REGION, all_instances, eventually, instance_tags, live
 
 from autoscaler.journal.base import open_sqlite
 from autoscaler.provider import FLEET_TAG, REQUEST_TAG
@@ -50,19 +49,6 @@ pools:
 """
 
 
-def everything(url: str) -> list[dict[str, Any]]:
-    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
-    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
-
-
-def live(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [i for i in instances if i["State"]["Name"] in ("pending", "running")]
-
-
-def tags(instance: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-
-
 def set_depth(sqs: Any, queue: str, depth: int) -> None:
     """Empty the queue by receiving and deleting (SQS allows one purge a minute), then fill it."""
     while True:
@@ -83,15 +69,6 @@ def start(config: Path, log: Path, cwd: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             cwd=cwd,
         )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def ticks_logged(log: Path, since: int) -> int:
@@ -117,7 +94,7 @@ def test_kill_9_at_random_points_leaves_no_duplicate_no_orphan_and_a_whole_journ
         offset = log.stat().st_size if log.exists() else 0
         process = start(config, log, tmp_path)
         try:
-            assert wait_for(lambda at=offset: b"leading as" in log.read_bytes()[at:]), (
+            assert eventually(lambda at=offset: b"leading as" in log.read_bytes()[at:]), (
                 log.read_text()[-3000:]
             )
             time.sleep(rng.uniform(0, 1.2 + 3 * TICK_S))
@@ -130,14 +107,14 @@ def test_kill_9_at_random_points_leaves_no_duplicate_no_orphan_and_a_whole_journ
     offset = log.stat().st_size
     process = start(config, log, tmp_path)
     try:
-        assert wait_for(lambda: ticks_logged(log, offset) >= 2), log.read_text()[-3000:]
-        assert len(live(everything(aws))) == final, "the fleet matches the plan within two ticks"
+        assert eventually(lambda: ticks_logged(log, offset) >= 2), log.read_text()[-3000:]
+        assert len(live(all_instances(aws))) == final, "the fleet matches the plan within two ticks"
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, log.read_text()[-3000:]
 
-    instances = everything(aws)
-    assert all(tags(i).get(FLEET_TAG) == "kill9" for i in instances), "nothing untagged"
+    instances = all_instances(aws)
+    assert all(instance_tags(i).get(FLEET_TAG) == "kill9" for i in instances), "nothing untagged"
     with sqlite3.connect(journal_path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     journal = open_sqlite(journal_path)
@@ -145,7 +122,7 @@ def test_kill_9_at_random_points_leaves_no_duplicate_no_orphan_and_a_whole_journ
     assert all(c.finished_at is not None for c in calls.values()), "every cut call closed"
     by_request: dict[str, int] = {}
     for instance in instances:
-        request = tags(instance)[REQUEST_TAG]
+        request = instance_tags(instance)[REQUEST_TAG]
         by_request[request] = by_request.get(request, 0) + 1
     for request, made in by_request.items():
         assert request in calls, f"{request}: every launch was journaled before it went out"

@@ -398,14 +398,31 @@ class Journal:
             for r in rows
         ]
 
-    def ticks(self, since: float | None = None, until: float | None = None) -> list[TickRow]:
+    def ticks(self, since: float | None = None, until: float | None = None) -> list[TickEntry]:
         rows = self._exec(
-            "SELECT tick, token, at, duration_s, outcome, held, demand_known, pending_gpus, "
-            "instances, cost_per_hour, incarnation FROM ticks WHERE at >= %s AND at <= %s "
-            "ORDER BY id",
+            "SELECT incarnation, tick, token, at, duration_s, outcome, held, demand_known, "
+            "pending_gpus, instances, cost_per_hour, plan, clamps FROM ticks "
+            "WHERE at >= %s AND at <= %s ORDER BY id",
             (since if since is not None else float("-inf"), until or float("inf")),
         ).fetchall()
-        return [TickRow(*r) for r in rows]
+        return [
+            TickEntry(
+                incarnation=r[0],
+                tick=int(r[1]),
+                token=int(r[2]),
+                at=float(r[3]),
+                duration_s=float(r[4]),
+                outcome=r[5],
+                held=r[6],
+                demand_known=bool(r[7]),
+                pending_gpus=int(r[8]),
+                instances=int(r[9]),
+                cost_per_hour=float(r[10]),
+                plan=json.loads(r[11]),
+                clamps=json.loads(r[12]),
+            )
+            for r in rows
+        ]
 
     def close(self) -> None:
         self._db.close()
@@ -468,21 +485,6 @@ class ActionRow:
     instance_ids: tuple[str, ...]
     job_id: str | None
     lost_gpu_s: float | None
-
-
-@dataclass(frozen=True)
-class TickRow:
-    tick: int
-    token: int
-    at: float
-    duration_s: float
-    outcome: str
-    held: str | None
-    demand_known: bool
-    pending_gpus: int
-    instances: int
-    cost_per_hour: float
-    incarnation: str
 
 
 def open_sqlite(path: Path) -> Journal:
