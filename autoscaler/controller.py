@@ -154,6 +154,7 @@ class Controller:
         self._tick = 0
         self._checkpoint_reports = self.checkpoints.reports
         self._billed: set[str] = set()
+        self._counted_states: set[tuple[str, InstanceState]] = set()
 
     @property
     def ticks(self) -> int:
@@ -172,7 +173,7 @@ class Controller:
         observation = self.observer.observe(now, number, self.last_plan)
         view = observation.view
         plan, held = self._decide(view)
-        billed = self._billed_now(view)
+        billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)
         guarded = guard(plan, view, self.config.limits, self.memory, month_spend)
         self.check_fence()
@@ -316,27 +317,42 @@ class Controller:
         metrics.fencing_token.set(self.token)
 
     def _record_pools(self, metrics: Metrics, report: TickReport) -> None:
+        """Per-pool series from one pass over the instances (a fleet is thousands of them)."""
         view = report.view
-        live = [n for n in view.instances if n.state in LIVE_STATES]
-        launched = {p.name: 0 for p in self.config.pools}
+        launched: dict[str, int] = {}
+        drained: set[str] = set()
         for action in report.actions:
-            if action.kind == "launch" and action.pool in launched:
-                launched[action.pool] += action.done
-        drained = {a.instance_ids[0] for a in report.actions if a.kind == "drain" and a.done}
+            if action.kind == "launch" and action.pool is not None:
+                launched[action.pool] = launched.get(action.pool, 0) + action.done
+            elif action.kind == "drain" and action.done:
+                drained.update(action.instance_ids)
+        by_state: dict[str, dict[InstanceState, int]] = {}
+        live_gpus: dict[str, int] = {}
+        staying: dict[str, int] = {}
+        for node in view.instances:
+            states = by_state.setdefault(node.pool, {})
+            states[node.state] = states.get(node.state, 0) + 1
+            if node.state not in LIVE_STATES:
+                continue
+            live_gpus[node.pool] = live_gpus.get(node.pool, 0) + node.gpus
+            if node.state is not InstanceState.DRAINING and node.instance_id not in drained:
+                staying[node.pool] = staying.get(node.pool, 0) + 1
         for pool_view in view.pools:
             pool = pool_view.pool
-            nodes = [n for n in live if n.pool == pool.name]
-            staying = [n for n in nodes if n.state is not InstanceState.DRAINING]
-            staying = [n for n in staying if n.instance_id not in drained]
-            desired = len(staying) + launched[pool.name]
-            metrics.desired_instances.labels(pool.name).set(desired)
-            metrics.demand_gpus.labels(pool.name).set(desired * pool.gpus_per_instance)
-            metrics.supply_gpus.labels(pool.name).set(sum(n.gpus for n in nodes))
+            name = pool.name
+            desired = staying.get(name, 0) + launched.get(name, 0)
+            metrics.desired_instances.labels(name).set(desired)
+            metrics.demand_gpus.labels(name).set(desired * pool.gpus_per_instance)
+            metrics.supply_gpus.labels(name).set(live_gpus.get(name, 0))
+            live = sum(n for state, n in by_state.get(name, {}).items() if state in LIVE_STATES)
             price = pool_view.price.price_per_hour if pool_view.price is not None else 0.0
-            metrics.cost_per_hour.labels(pool.name).set(price * len(nodes))
-            for state in InstanceState:
-                count = sum(1 for n in view.instances if n.pool == pool.name and n.state is state)
-                metrics.instances.labels(pool.name, state.value).set(count)
+            metrics.cost_per_hour.labels(name).set(price * live)
+            for state, count in by_state.get(name, {}).items():
+                metrics.instances.labels(name, state.value).set(count)
+        counted = {(name, state) for name, states in by_state.items() for state in states}
+        for gone_pool, gone_state in self._counted_states - counted:
+            metrics.instances.labels(gone_pool, gone_state.value).set(0)
+        self._counted_states = counted
         metrics.supply_gpus.labels("on-prem").set(sum(n.gpus for n in view.onprem))
 
     def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:

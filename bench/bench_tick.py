@@ -31,6 +31,7 @@ import pstats
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ import policies.cost_aware as cost_aware_module
 from autoscaler.clock import ManualClock
 from autoscaler.config import ControllerConfig, Limits
 from autoscaler.controller import Controller
+from autoscaler.journal.base import open_sqlite
+from autoscaler.metrics import Metrics
 from autoscaler.model import (
     DemandGroup,
     Instance,
@@ -335,7 +338,9 @@ def _cloud_usage(rng: random.Random, gpus: int, now: float) -> NodeUsage:
     return NodeUsage(0, 0.0, idle_since=since, empty_since=since)
 
 
-def build_controller(world: World, clock: ManualClock, n_instances: int) -> Controller:
+def build_controller(
+    world: World, clock: ManualClock, n_instances: int, journal_dir: Path | None = None
+) -> Controller:
     live_cost = sum(world.quotes[name][0] * len(group) for name, group in world.by_pool.items())
     config = ControllerConfig(
         fleet_id="bench",
@@ -360,6 +365,8 @@ def build_controller(world: World, clock: ManualClock, n_instances: int) -> Cont
         FakeScheduler(),
         incarnation="bench",
         retry=RetryPolicy(sleep=lambda _s: None),
+        journal=open_sqlite(journal_dir / "journal.db") if journal_dir is not None else None,
+        metrics=Metrics() if journal_dir is not None else None,
     )
 
 
@@ -500,11 +507,12 @@ def run(
     n_jobs: int = 100_000,
     seed: int = 1,
     profile_top: int = 15,
+    journal_dir: Path | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     world = build_world(n_pools, n_instances, n_onprem, n_jobs, seed, START)
     clock = ManualClock(START)
-    ctl = build_controller(world, clock, n_instances)
+    ctl = build_controller(world, clock, n_instances, journal_dir)
     build_s = time.perf_counter() - started
     print(
         f"world: {n_instances:,} cloud instances in {n_pools} pools, {n_onprem:,} on-prem nodes "
@@ -637,7 +645,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-top", type=int, default=15)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="as `gpu-autoscaler run` ticks: an SQLite journal (in a temporary folder) and metrics",
+    )
     args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        return _main(args, Path(folder) if args.production else None)
+
+
+def _main(args: argparse.Namespace, journal_dir: Path | None) -> int:
     result = run(
         ticks=args.ticks,
         warmup=args.warmup,
@@ -648,6 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         n_jobs=args.jobs,
         seed=args.seed,
         profile_top=args.profile_top,
+        journal_dir=journal_dir,
     )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

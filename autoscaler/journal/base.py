@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from autoscaler.act import ActionRecord
 from autoscaler.journal.schema import SCHEMA_VERSION, TABLES
@@ -63,9 +63,9 @@ class SpendRow:
     gpu_hours: float
 
 
-@dataclass(frozen=True)
-class Billed:
-    """An instance the cloud bills for at this tick, at its pool's price now."""
+class Billed(NamedTuple):
+    """An instance the cloud bills for at this tick, at its pool's price now (a tuple: a tick
+    makes one per instance)."""
 
     instance_id: str
     provider: str
@@ -266,9 +266,7 @@ class Journal:
                         action.lost_gpu_s,
                     ),
                 )
-            for node in billed:
-                usd = self._accrue(node, entry.at, month)
-                accrued[node.pool] = accrued.get(node.pool, 0.0) + usd
+            self._accrue(billed, entry.at, month, accrued)
         self._note_month_spend(month, sum(accrued.values()))
         return accrued
 
@@ -289,30 +287,40 @@ class Journal:
             self._last_billed[node.instance_id] = since
         return since
 
-    def _accrue(self, node: Billed, now: float, month: str) -> float:
-        since = self._billed_since(node, now)
-        hours = max(0.0, now - since) / 3600.0
-        usd = node.price_per_hour * hours
-        self._exec(
-            "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, "
-            "last_at, usd, gpu_hours) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (instance_id, month) DO UPDATE SET last_at = excluded.last_at, "
-            "usd = instance_costs.usd + excluded.usd, "
-            "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours",
-            (
-                node.instance_id,
-                month,
-                node.provider,
-                node.pool,
-                node.gpus,
-                since,
-                now,
-                usd,
-                node.gpus * hours,
-            ),
-        )
-        self._last_billed[node.instance_id] = now
-        return usd
+    def _accrue(
+        self, billed: Sequence[Billed], now: float, month: str, accrued: dict[str, float]
+    ) -> None:
+        """One upsert per instance and month, sent as one batch: a fleet of ten thousand
+        instances is one statement's worth of round trips per tick."""
+        rows = []
+        for node in billed:
+            since = self._billed_since(node, now)
+            hours = max(0.0, now - since) / 3600.0
+            usd = node.price_per_hour * hours
+            accrued[node.pool] = accrued.get(node.pool, 0.0) + usd
+            rows.append(
+                (
+                    node.instance_id,
+                    month,
+                    node.provider,
+                    node.pool,
+                    node.gpus,
+                    since,
+                    now,
+                    usd,
+                    node.gpus * hours,
+                )
+            )
+            self._last_billed[node.instance_id] = now
+        if rows:
+            self._exec_many(
+                "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, "
+                "last_at, usd, gpu_hours) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (instance_id, month) DO UPDATE SET last_at = excluded.last_at, "
+                "usd = instance_costs.usd + excluded.usd, "
+                "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours",
+                rows,
+            )
 
     def forget(self, instance_ids: Sequence[str]) -> None:
         """Instances no longer billed: stop remembering when they were last billed."""
@@ -452,6 +460,19 @@ class Journal:
             return self._db.execute(sql, params)
         except LeadershipLost:
             raise
+        except Exception as exc:
+            raise JournalError(f"journal {self.where}: {type(exc).__name__}: {exc}") from exc
+
+    def _exec_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._placeholder != "%s":
+            sql = sql.replace("%s", self._placeholder)
+        try:
+            many = getattr(self._db, "executemany", None)
+            if many is not None:
+                many(sql, rows)
+                return
+            with self._db.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.executemany(sql, rows)
         except Exception as exc:
             raise JournalError(f"journal {self.where}: {type(exc).__name__}: {exc}") from exc
 
