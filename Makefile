@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+TOOLS := .venv-tools
+CHECKOV_VERSION := 3.3.30
 
-.PHONY: demo test lint services bench clean
+.PHONY: demo test lint services tools bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +19,20 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/gpu-autoscaler report --out report
 
-## Lint, type-check and run the whole test suite (installs Slurm, Redis and Prometheus first:
-## the tests run against real ones).
-test: lint services
+## Lint, type-check and run the whole test suite (installs Slurm, Redis, Prometheus, PostgreSQL
+## and podman first, and checkov in its own virtualenv: the tests run against real ones).
+test: lint services tools
 	$(BIN)/pytest -n 2 -q
 
 services:
 	./scripts/install-test-services.sh
+
+## checkov (tests/test_terraform.py) in its own virtualenv: its pins clash with the project's.
+tools: $(TOOLS)/bin/checkov
+
+$(TOOLS)/bin/checkov: tools-constraints.txt
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet -c tools-constraints.txt checkov==$(CHECKOV_VERSION)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -35,4 +44,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) report .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS) report .pytest_cache .mypy_cache .ruff_cache .hypothesis
