@@ -11,12 +11,16 @@ declared when it has not reported yet.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 RECENT_REPORTS = 5
+# A job silent this long has ended or stopped saving: where it would resume no longer comes from
+# here (a restarted run resumes from its own start), so its entry goes. Without this the ledger
+# holds every job that ever reported, for as long as the controller runs.
+KEEP_S = 86_400.0
 
 
 class CheckpointBody(BaseModel):
@@ -47,9 +51,11 @@ class _JobCheckpoints:
 class CheckpointLedger:
     """Thread-safe: reports arrive on the inbox's threads, the tick reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_s: float = KEEP_S) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[str, _JobCheckpoints] = {}
+        self.keep_s = keep_s
+        # Least recently reported first, so expiry stops at the first job still reporting.
+        self._jobs: OrderedDict[str, _JobCheckpoints] = OrderedDict()
         self.reports = 0
 
     def record(self, report: CheckpointReport) -> None:
@@ -58,8 +64,23 @@ class CheckpointLedger:
             entry = self._jobs.get(report.job_id)
             if entry is None:
                 entry = self._jobs[report.job_id] = _JobCheckpoints(report.at)
+            else:
+                self._jobs.move_to_end(report.job_id)
             entry.last_at = max(entry.last_at, report.at)
             entry.durations.append(report.duration_s)
+
+    def expire(self, now: float) -> int:
+        """Drop the jobs whose latest checkpoint is more than ``keep_s`` old; how many went."""
+        cutoff = now - self.keep_s
+        dropped = 0
+        with self._lock:
+            while self._jobs:
+                job_id, entry = next(iter(self._jobs.items()))
+                if entry.last_at >= cutoff:
+                    break
+                del self._jobs[job_id]
+                dropped += 1
+        return dropped
 
     def last(self, job_id: str) -> float | None:
         with self._lock:

@@ -179,6 +179,7 @@ class Controller:
         self.check_fence()
         actions = self.actuator.act(view, guarded)
         self._acknowledge(observation.polled, observation.errors)
+        self.checkpoints.expire(now)
         if held is None:
             self.last_plan = plan
         else:

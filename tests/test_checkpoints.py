@@ -47,3 +47,14 @@ def test_last_is_the_latest_report_and_duration_the_worst_recent_one(
         assert ledger.last(job) == max(at for _, at, _ in mine)
         assert ledger.expected_duration(job) == max(d for _, _, d in mine[-RECENT_REPORTS:])
     assert ledger.reports == len(rows)
+
+
+def test_jobs_silent_for_longer_than_keep_s_leave_the_ledger() -> None:
+    ledger = CheckpointLedger(keep_s=100.0)
+    ledger.record(CheckpointReport(job_id="old", at=0.0, duration_s=5.0))
+    ledger.record(CheckpointReport(job_id="busy", at=0.0, duration_s=5.0))
+    ledger.record(CheckpointReport(job_id="busy", at=150.0, duration_s=5.0))
+    assert ledger.expire(now=160.0) == 1
+    assert ledger.known() == {"busy"}
+    assert ledger.resume_point("old", started_at=20.0) == 20.0, "no checkpoint: its start"
+    assert ledger.expected_duration("old", declared=30.0) == 30.0

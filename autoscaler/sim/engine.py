@@ -19,8 +19,10 @@ from typing import Any
 
 from autoscaler.catalog import SpotAdvisor
 from autoscaler.clock import ManualClock
-from autoscaler.controller import Controller
+from autoscaler.controller import Controller, TickReport
 from autoscaler.errors import InputError
+from autoscaler.journal import Journal
+from autoscaler.metrics import Metrics
 from autoscaler.model import Capacity
 from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.retry import RetryPolicy
@@ -69,6 +71,21 @@ class Timeline:
     running_gpus: array[float] = field(default_factory=lambda: array("d"))
     cloud_gpus: array[float] = field(default_factory=lambda: array("d"))
     onprem_busy_gpus: array[float] = field(default_factory=lambda: array("d"))
+
+
+@dataclass(frozen=True)
+class TickSeen:
+    """One ``Controller.tick()`` call as the replay made it, for soaks and profilers.
+
+    ``wall_s`` and ``cpu_s`` cover the whole call, journal write and metrics included (which
+    ``report.duration_s`` leaves out); CPU time is the process's own, so a busy machine does not
+    inflate it the way it inflates wall time.
+    """
+
+    controller: Controller
+    report: TickReport
+    wall_s: float
+    cpu_s: float
 
 
 @dataclass
@@ -205,6 +222,9 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     policy: Policy | None = None,
     checkpoint_aware: bool | None = None,
+    journal: Journal | None = None,
+    metrics: Metrics | None = None,
+    on_tick: Callable[[TickSeen], None] | None = None,
 ) -> SimResult:
     """Replay the prepared scenario through the controller with one policy.
 
@@ -214,6 +234,10 @@ def simulate(
 
     The controller ticks every ``tick_seconds`` and, as the live run loop does, also at once when
     an interruption notice or a checkpoint report arrives and when a checkpoint wait ends.
+
+    ``journal`` and ``metrics`` go to the controller as they would live, so a soak can run the
+    production bookkeeping for thousands of ticks; without them the replay is unchanged.
+    ``on_tick`` sees every tick as a ``TickSeen``.
     """
     started_wall = time.perf_counter()
     loaded = prepared.loaded
@@ -272,13 +296,17 @@ def simulate(
         incarnation="sim",
         retry=RetryPolicy(attempts=1, sleep=lambda _s: None),
         checkpoints=scheduler.checkpoints,
+        journal=journal,
+        metrics=metrics,
     )
 
     jobs = prepared.selection.jobs
     next_arrival = 0
     next_tick = 0.0
     timeline = Timeline()
-    tick_ms: list[float] = []
+    # One unboxed double per tick rather than a float object: a long replay or a soak holds
+    # 8 bytes per tick here, and the soak's memory figures are not swamped by its own record.
+    tick_ms = array("d")
     clamps: dict[str, int] = {}
     held = 0
     while True:
@@ -301,7 +329,11 @@ def simulate(
         regular = next_tick <= t
         if regular or woken:
             scheduler.schedule(t)
+            called, cpu = time.perf_counter(), time.process_time()
             report = controller.tick()
+            if on_tick is not None:
+                wall_s, cpu_s = time.perf_counter() - called, time.process_time() - cpu
+                on_tick(TickSeen(controller, report, wall_s, cpu_s))
             tick_ms.append(report.duration_s * 1000.0)
             if report.held is not None:
                 held += 1
@@ -320,6 +352,8 @@ def simulate(
     clock.set(horizon)
     cloud.settle(horizon)
     scheduler.close(horizon)
+    if controller.evacuator is not None:
+        controller.evacuator.close()
     accounting = scheduler.accounting
     counted = [job for job in scheduler.jobs if not job.trace.carried]
     return SimResult(
@@ -350,7 +384,7 @@ def simulate(
         held_ticks=held,
         clamps=clamps,
         ticks=controller.ticks,
-        tick_ms=tick_ms,
+        tick_ms=list(tick_ms),
         wall_s=time.perf_counter() - started_wall,
         timeline=timeline,
     )
