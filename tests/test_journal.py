@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from fakes import job, pool, rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.journal.base import Billed, TickEntry, month_of, open_sqlite
+from autoscaler.journal.base import Billed, TickEntry, month_of, open_postgres, open_sqlite
 from autoscaler.model import InstanceState
 
 HOUR = 3600.0
@@ -184,3 +185,27 @@ def test_an_unwritable_journal_stops_the_launch_not_the_controller(tmp_path: Pat
     assert "journal" in launches[0].detail
     assert any("journal" in e for e in report.errors)
     assert all(r.state is not InstanceState.RUNNING for r in t.controller.table)
+
+
+def test_replicas_opening_a_fresh_postgres_journal_at_once_all_succeed(postgres_dsn: str) -> None:
+    """Two replicas start together on an empty database: one creates the tables, the other
+    waits for it, and neither fails on PostgreSQL's catalog."""
+    barrier = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def open_one() -> None:
+        barrier.wait()
+        try:
+            open_postgres(postgres_dsn).close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert failures == []
+    journal = open_postgres(postgres_dsn)
+    journal.call_started("r-1", "launch", "aws", "a", 1, 1, "x", 1.0)
+    assert [c.request_id for c in journal.calls()] == ["r-1"]

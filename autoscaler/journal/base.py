@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 STARTED = "started"
 UNKNOWN = "unknown"
 LEADER_TABLE = "gpu_autoscaler_leader"
+SCHEMA_LOCK_KEY = 0x6770756A6F75726E  # "gpujourn": the journal's own advisory lock, for its schema
 
 
 class JournalError(RuntimeError):
@@ -108,6 +109,7 @@ class Journal:
         where: str,
         fenced_by: str | None = None,
         transaction: Callable[..., contextlib.AbstractContextManager[Any]] | None = None,
+        serialize_schema: str | None = None,
     ) -> None:
         self._db = connection
         self._placeholder = placeholder
@@ -118,6 +120,8 @@ class Journal:
         self._month: str | None = None
         self._month_usd = 0.0
         with self._atomic():
+            if serialize_schema is not None:
+                self._exec(serialize_schema)
             for statement in TABLES:
                 self._exec(statement.format(id=id_column))
             self._exec(
@@ -547,6 +551,9 @@ def open_postgres(dsn: str, fenced_by: str | None = None) -> Journal:
         where=where,
         fenced_by=fenced_by,
         transaction=connection.transaction,
+        # Replicas starting together would race in CREATE TABLE IF NOT EXISTS (PostgreSQL then
+        # fails one of them on its catalog's unique index): one creates, the others wait.
+        serialize_schema=f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY})",
     )
 
 
