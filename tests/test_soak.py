@@ -11,11 +11,8 @@ same figures.
 from __future__ import annotations
 
 import gc
-import os
 import sys
-import types
 from array import array
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,19 +21,14 @@ from autoscaler.metrics import Metrics
 from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.scenario import PolicySpec, default_scenario_path, load_scenario
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from bench_soak import percentile, retained_bytes, rss_mib
+
 DAYS = 10
 WARMUP_DAYS = 3
 SOAK_TICKS = 10_000
 EVERY = 1_000
 WINDOW = 1_000
-_OPAQUE = (
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.CodeType,
-    types.FrameType,
-)
 
 
 @dataclass
@@ -65,44 +57,16 @@ class Watch:
             self.samples.append(
                 Sample(
                     tick=done,
-                    rss=_rss_bytes(),
+                    rss=round(rss_mib() * 2**20),
                     blocks=sys.getallocatedblocks(),
-                    controller_bytes=_retained_bytes([seen.controller]),
+                    controller_bytes=retained_bytes([seen.controller]),
                     series=len(_series(self.metrics)),
                 )
             )
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm", encoding="ascii") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _retained_bytes(roots: Iterable[object]) -> int:
-    """Bytes reachable from the controller (tables, caches, policy, ledgers, journal, metrics),
-    not entering code, classes or the simulated world, which grows with the jobs it replays."""
-    seen: set[int] = set()
-    stack = list(roots)
-    total = 0
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, _OPAQUE) or type(obj).__module__.startswith("autoscaler.sim."):
-            continue
-        total += sys.getsizeof(obj)
-        stack.extend(gc.get_referents(obj))
-    return total
-
-
 def _series(metrics: Metrics) -> list[tuple[str, dict[str, str]]]:
     return [(s.name, s.labels) for family in metrics.registry.collect() for s in family.samples]
-
-
-def _p99(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def test_ten_thousand_ticks_with_journal_and_metrics_stay_flat(tmp_path: Path) -> None:
@@ -169,4 +133,5 @@ def test_ten_thousand_ticks_with_journal_and_metrics_stay_flat(tmp_path: Path) -
     windows = [
         watch.cpu_ms[i : i + WINDOW] for i in range(0, len(watch.cpu_ms) - WINDOW + 1, WINDOW)
     ]
-    assert _p99(windows[-1]) <= 2 * _p99(windows[1]), (_p99(windows[1]), _p99(windows[-1]))
+    p99 = [percentile(window, 0.99) for window in windows]
+    assert p99[-1] <= 2 * p99[1], (p99[1], p99[-1])
