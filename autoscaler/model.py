@@ -11,12 +11,22 @@ Hot paths build these objects with ``model_construct`` from data already validat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 
@@ -32,11 +42,60 @@ class Market(StrEnum):
     ON_DEMAND = "on-demand"
 
 
+def _model_tokens(name: str) -> frozenset[str]:
+    return frozenset(t for t in re.split(r"[^a-z0-9]+", name.lower()) if t)
+
+
+def gpu_model_matches(wanted: str, offered: str | None) -> bool:
+    """Whether a GPU of model ``offered`` is one a job asking for ``wanted`` accepts.
+
+    Names differ between a scheduler (Slurm's gres type ``a100``), a catalog (``A100-40GB``) and
+    an inventory (``A100-SXM4-80GB``): every token of the wanted name must be a token of the
+    offered one, case-insensitively, so ``a100`` accepts both A100s and ``a100-80gb`` only the
+    80 GB one. An unknown model never matches a job that names one.
+    """
+    if offered is None:
+        return False
+    return _model_tokens(wanted) <= _model_tokens(offered)
+
+
+class NodeShape(Frozen):
+    """What one node must offer a job: GPUs, one of these GPU models (any when empty) and at
+    least this much memory per GPU (any when unset).
+
+    A launch carries the shape of the jobs it is bought for, and no pool that cannot host that
+    shape is ever launched for them, as first choice or as fallback.
+    """
+
+    gpus: PositiveInt
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: PositiveFloat | None = None
+
+    def accepts(self, gpus: int, gpu_model: str | None, gpu_memory_gib: float | None) -> bool:
+        if gpus < self.gpus:
+            return False
+        if self.gpu_models and not any(gpu_model_matches(w, gpu_model) for w in self.gpu_models):
+            return False
+        return self.min_gpu_memory_gib is None or (
+            gpu_memory_gib is not None and gpu_memory_gib >= self.min_gpu_memory_gib
+        )
+
+    def describe(self) -> str:
+        text = f"{self.gpus} GPU(s)"
+        if self.gpu_models:
+            text += " of " + "|".join(self.gpu_models)
+        if self.min_gpu_memory_gib is not None:
+            text += f" with >= {self.min_gpu_memory_gib:g} GiB each"
+        return text
+
+
 class Pool(Frozen):
     """One kind of capacity we can launch: a provider, a place and a shape, bought one way.
 
-    ``options`` are the provider's own (subnets, launch template, ...), checked by the provider
-    when it is built, so the core stays ignorant of every cloud.
+    ``options`` are the provider's own (subnets, launch template, placement group, ...), checked
+    by the provider when it is built, so the core stays ignorant of every cloud.
+    ``gpu_model`` and ``gpu_memory_gib`` decide which jobs the pool can host; the config fills
+    them from the shipped catalogs when they are not given.
     """
 
     name: Name
@@ -46,6 +105,7 @@ class Pool(Frozen):
     instance_type: str
     gpus_per_instance: PositiveInt
     gpu_model: str | None = None
+    gpu_memory_gib: PositiveFloat | None = None
     market: Market
     max_instances: NonNegativeInt | None = None
     boot_seconds: NonNegativeFloat = 300.0
@@ -54,6 +114,10 @@ class Pool(Frozen):
     @property
     def is_spot(self) -> bool:
         return self.market is Market.SPOT
+
+    def can_host(self, shape: NodeShape) -> bool:
+        """Whether one instance of this pool can run a node of a job of this shape."""
+        return shape.accepts(self.gpus_per_instance, self.gpu_model, self.gpu_memory_gib)
 
 
 class PriceQuote(Frozen):
@@ -142,6 +206,7 @@ class OnPremNode(Frozen):
     name: str
     gpus: NonNegativeInt
     gpu_model: str | None = None
+    gpu_memory_gib: PositiveFloat | None = None
     gpus_allocated: NonNegativeInt = 0
     gpu_util_pct: float | None = None
     idle_since: float | None = None
@@ -152,8 +217,20 @@ class OnPremNode(Frozen):
         return max(0, self.gpus - self.gpus_allocated) if self.schedulable else 0
 
 
+def _whole_nodes(gpus: int, nodes: int) -> None:
+    if gpus % nodes:
+        raise ValueError(
+            f"a job of {gpus} GPU(s) on {nodes} node(s) must ask the same number of GPUs of "
+            "each node: its GPUs must be a multiple of its nodes"
+        )
+
+
 class Job(Frozen):
-    """One pending GPU job as a queue source reports it."""
+    """One pending GPU job as a queue source reports it.
+
+    ``gpus`` is the whole job's; a job of several ``nodes`` (a gang) needs ``gpus / nodes`` on
+    each of them, all at once. ``gpu_models`` are the models it accepts (any when empty).
+    """
 
     id: str
     gpus: PositiveInt
@@ -161,33 +238,70 @@ class Job(Frozen):
     high_priority: bool = False
     checkpoint_interval_s: float | None = Field(default=None, gt=0)
     checkpoint_duration_s: NonNegativeFloat | None = None
-    gpu_model: str | None = None
+    nodes: PositiveInt = 1
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: PositiveFloat | None = None
     partition: str | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> Job:
+        _whole_nodes(self.gpus, self.nodes)
+        return self
 
     @property
     def checkpointable(self) -> bool:
         return self.checkpoint_interval_s is not None
+
+    @property
+    def shape(self) -> NodeShape:
+        return NodeShape.model_construct(
+            gpus=self.gpus // self.nodes,
+            gpu_models=self.gpu_models,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+        )
 
 
 class DemandGroup(Frozen):
     """Pending jobs that are interchangeable for capacity planning, counted rather than listed.
 
     A tick may see 100,000 pending jobs; a policy needs their shapes, not their names.
+    ``gpus_per_job`` is each job's total; a job of several ``nodes`` needs ``gpus_per_node`` on
+    each, all at once, close together.
     """
 
     gpus_per_job: PositiveInt
     jobs: PositiveInt
     checkpoint_interval_s: float | None = None
     high_priority: bool = False
-    gpu_model: str | None = None
+    nodes: PositiveInt = 1
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: PositiveFloat | None = None
     partition: str | None = Field(
         default=None, description="the queue or partition the jobs wait in, if the source has one"
     )
     oldest_submit_time: float
 
+    @model_validator(mode="after")
+    def _whole(self) -> DemandGroup:
+        _whole_nodes(self.gpus_per_job, self.nodes)
+        return self
+
     @property
     def gpus(self) -> int:
         return self.gpus_per_job * self.jobs
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus_per_job // self.nodes
+
+    @property
+    def shape(self) -> NodeShape:
+        """What each node of one of these jobs must offer."""
+        return NodeShape.model_construct(
+            gpus=self.gpus_per_node,
+            gpu_models=self.gpu_models,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+        )
 
     @property
     def spot_safe(self) -> bool:
@@ -329,13 +443,27 @@ _SPOT_SAFE_TIERS = {
 class LaunchRequest(Frozen):
     """Launch ``count`` instances of ``pool``; on capacity or quota failure try ``fallbacks``.
 
-    A fallback pool of another shape gets as many instances as carry the same number of GPUs.
+    ``shape`` is what each instance must host (the largest node of the jobs it is bought for);
+    the guard drops any pool, first choice or fallback, that cannot host it, and a fallback gets
+    as many instances as hold the same number of such nodes. Without a shape, a whole instance
+    of the first pool is the shape. ``gang_size`` > 1 launches the instances in groups of that
+    many that come up together, close together, or not at all (a multi-node job's nodes).
     """
 
     pool: str
     count: PositiveInt
     fallbacks: tuple[str, ...] = ()
     reason: str = ""
+    shape: NodeShape | None = None
+    gang_size: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _whole_gangs(self) -> LaunchRequest:
+        if self.count % self.gang_size:
+            raise ValueError(
+                f"count {self.count} is not a whole number of gangs of {self.gang_size}"
+            )
+        return self
 
 
 class DrainRequest(Frozen):

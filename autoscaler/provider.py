@@ -59,3 +59,20 @@ class Provider(Protocol):
         """The tick has handled these notices: a provider reading them from a queue may now
         delete them (never before, so a crash mid-tick loses none)."""
         ...
+
+
+@runtime_checkable
+class GangLauncher(Protocol):
+    """A provider that can launch a multi-node job's nodes together: all ``count`` instances of
+    ``pool`` placed close together (a placement group, compact placement policy or proximity
+    placement group, as the pool's options name or create it), or none.
+
+    When fewer than ``count`` come up, the provider terminates those that did and raises the
+    typed error that stopped the rest (``CapacityError`` for a shortfall), so a gang is never
+    left half-launched and paid for. Idempotent by ``request_id`` as ``launch`` is: a retry
+    that finds the whole gang returns it with ``already_existed``.
+    """
+
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str
+    ) -> LaunchResult: ...

@@ -60,6 +60,7 @@ class _Reactive:
             needs,
             lambda need: self._offers(view, need),
             lambda need, chosen: self._fallbacks(view, need),
+            view.pool_by_name,
         )
         drains = drain_requests(idle, available.kept, view, "no job allocated")
         return Plan(launches=tuple(launches), drains=drains, placement=self.placement)
@@ -77,11 +78,7 @@ class _Reactive:
 
     def _fallbacks(self, view: FleetView, need: Need) -> list[str]:
         ranked = sorted(
-            (
-                p
-                for p in view.pools
-                if p.price is not None and p.pool.gpus_per_instance >= need.gpus_per_job
-            ),
+            (p for p in view.pools if p.price is not None and need.fits(p)),
             key=lambda p: (
                 p.pool.is_spot != self.spot,
                 p.price.price_per_hour / p.pool.gpus_per_instance if p.price else 0.0,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from autoscaler.model import (
     HOLDING_STATES,
@@ -19,7 +20,9 @@ from autoscaler.model import (
     FleetView,
     InstanceState,
     LaunchRequest,
+    NodeShape,
     Placement,
+    Pool,
     PoolView,
 )
 
@@ -28,19 +31,48 @@ HOUR = 3600.0
 
 @dataclass
 class Need:
-    """Pending jobs of one size that may go to the same kinds of capacity, in the same order."""
+    """Pending jobs of one shape that may go to the same kinds of capacity, in the same order.
+
+    ``gpus_per_job`` is each job's total; a job of several ``nodes`` needs ``gpus_per_node`` on
+    each of that many distinct nodes at once. ``gpu_models`` (any when empty) and
+    ``min_gpu_memory_gib`` say which GPUs it accepts.
+    """
 
     gpus_per_job: int
     jobs: int
     tiers: tuple[Capacity, ...]
     checkpoint_interval_s: float | None = None
+    nodes: int = 1
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus_per_job // self.nodes
+
+    @property
+    def shape(self) -> NodeShape:
+        return NodeShape.model_construct(
+            gpus=self.gpus_per_node,
+            gpu_models=self.gpu_models,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+        )
 
     @property
     def spot_ok(self) -> bool:
         return Capacity.SPOT in self.tiers
 
+    def fits(self, pool: PoolView) -> bool:
+        """One instance of the pool can be one node of one of these jobs."""
+        return pool.pool.can_host(self.shape)
+
     def allows(self, pool: PoolView) -> bool:
-        return (Capacity.SPOT if pool.pool.is_spot else Capacity.ON_DEMAND) in self.tiers
+        """The pool is of a market these jobs may use and an instance of it can host them."""
+        market = Capacity.SPOT if pool.pool.is_spot else Capacity.ON_DEMAND
+        return market in self.tiers and self.fits(pool)
+
+    def with_jobs(self, jobs: int) -> Need:
+        return replace(self, jobs=jobs)
 
 
 @dataclass(frozen=True)
@@ -68,22 +100,41 @@ class Offer:
         return self.cost_per_hour / self.gpus
 
 
+class Slot(NamedTuple):
+    """Free room of one kind on a node: how many GPUs, and which GPUs they are."""
+
+    kind: Capacity
+    free: int
+    gpu_model: str | None = None
+    gpu_memory_gib: float | None = None
+
+
 @dataclass
 class Supply:
-    """Free GPUs on nodes that are up or on their way, bucketed by size and market.
+    """Free GPUs on nodes that are up or on their way, bucketed by size, market and GPU.
 
     ``idle`` lists the cloud nodes a policy is thinking of draining; they are offered to pending
     jobs last, those with the most unsaved work first, and one that receives a job is kept.
     """
 
-    buckets: dict[tuple[Capacity, int], int] = field(default_factory=dict)
-    idle: list[tuple[CloudNode, Capacity]] = field(default_factory=list)
+    buckets: dict[Slot, int] = field(default_factory=dict)
+    idle: list[tuple[CloudNode, Capacity, Pool | None]] = field(default_factory=list)
     kept: set[str] = field(default_factory=set)
 
-    def add(self, free: int, kind: Capacity, count: int = 1) -> None:
+    def add(
+        self,
+        free: int,
+        kind: Capacity,
+        count: int = 1,
+        gpu_model: str | None = None,
+        gpu_memory_gib: float | None = None,
+    ) -> None:
         if free > 0 and count > 0:
-            key = (kind, free)
+            key = Slot(kind, free, gpu_model, gpu_memory_gib)
             self.buckets[key] = self.buckets.get(key, 0) + count
+
+    def free_gpus(self, kind: Capacity) -> int:
+        return sum(slot.free * count for slot, count in self.buckets.items() if slot.kind is kind)
 
 
 def leaving(view: FleetView) -> set[str]:
@@ -97,21 +148,31 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
     The notice comes before the jobs are requeued: launching at once, away from the pool, gets
     the replacement booting while the old node still runs (AWS gives 120 s). The view does not
     say how a node's GPUs are split between jobs, so each node counts as one job of all its
-    allocated GPUs, which buys a shape that can hold whatever ran there.
+    allocated GPUs on a GPU of the node's own model, which buys a shape that can hold whatever
+    ran there. A node of a multi-node job is replaced alone: its gang members that were not
+    interrupted are still there for the job when it is requeued.
     """
     gone = leaving(view)
-    return [
-        DemandGroup.model_construct(
-            gpus_per_job=node.gpus_allocated,
-            jobs=1,
-            checkpoint_interval_s=checkpoint_interval_s,
-            high_priority=False,
-            gpu_model=None,
-            oldest_submit_time=view.now,
+    pools = view.pool_by_name
+    groups = []
+    for node in view.instances:
+        if node.instance_id not in gone or node.gpus_allocated <= 0:
+            continue
+        pool = pools.get(node.pool)
+        model = pool.pool.gpu_model if pool is not None else None
+        groups.append(
+            DemandGroup.model_construct(
+                gpus_per_job=node.gpus_allocated,
+                jobs=1,
+                checkpoint_interval_s=checkpoint_interval_s,
+                high_priority=False,
+                nodes=1,
+                gpu_models=(model,) if model else (),
+                min_gpu_memory_gib=None,
+                oldest_submit_time=view.now,
+            )
         )
-        for node in view.instances
-        if node.instance_id in gone and node.gpus_allocated > 0
-    ]
+    return groups
 
 
 def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
@@ -120,7 +181,12 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
     result = Supply()
     for onprem in view.onprem:
         if onprem.schedulable:
-            result.add(onprem.gpus_free, Capacity.ONPREM)
+            result.add(
+                onprem.gpus_free,
+                Capacity.ONPREM,
+                gpu_model=onprem.gpu_model,
+                gpu_memory_gib=onprem.gpu_memory_gib,
+            )
     pools = view.pool_by_name
     for node in view.instances:
         if node.state not in HOLDING_STATES or node.instance_id in gone:
@@ -130,71 +196,166 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
             continue  # not configured any more: act collects it this tick
         kind = Capacity.SPOT if pool.pool.is_spot else Capacity.ON_DEMAND
         if node.instance_id in idle_ids:
-            result.idle.append((node, kind))
+            result.idle.append((node, kind, pool.pool))
             continue
         free = node.gpus - node.gpus_allocated if node.joined else node.gpus
-        result.add(free, kind)
+        result.add(
+            free, kind, gpu_model=pool.pool.gpu_model, gpu_memory_gib=pool.pool.gpu_memory_gib
+        )
     result.idle.sort(key=_most_at_risk_first)
     return result
 
 
 def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need]:
-    merged: dict[tuple[int, tuple[Capacity, ...]], Need] = {}
+    merged: dict[tuple[object, ...], Need] = {}
     for group in groups:
         tiers = placement.tiers(group.checkpoint_interval_s is not None, group.high_priority)
-        key = (group.gpus_per_job, tiers)
+        key = (
+            group.gpus_per_job,
+            group.nodes,
+            group.gpu_models,
+            group.min_gpu_memory_gib,
+            tiers,
+        )
         interval = group.checkpoint_interval_s if Capacity.SPOT in tiers else None
         need = merged.get(key)
         if need is None:
-            merged[key] = Need(group.gpus_per_job, group.jobs, tiers, interval)
+            merged[key] = Need(
+                group.gpus_per_job,
+                group.jobs,
+                tiers,
+                interval,
+                group.nodes,
+                group.gpu_models,
+                group.min_gpu_memory_gib,
+            )
         else:
             need.jobs += group.jobs
             if interval is not None:
                 need.checkpoint_interval_s = max(need.checkpoint_interval_s or 0.0, interval)
-    # Largest first (they have the fewest places to go); then the jobs with fewer kinds of
-    # capacity open to them, for the same reason.
-    return sorted(merged.values(), key=lambda n: (-n.gpus_per_job, len(n.tiers)))
+    # Largest nodes first (they have the fewest places to go), gangs before single nodes; then
+    # the jobs with the fewest kinds of GPU and capacity open to them, for the same reason.
+    return sorted(
+        merged.values(),
+        key=lambda n: (
+            -n.gpus_per_node,
+            -n.nodes,
+            len(n.tiers),
+            -len(n.gpu_models) if n.gpu_models else -1_000,
+        ),
+    )
+
+
+def can_ever_host(view: FleetView, need: Need) -> bool:
+    """Whether any capacity the fleet has or may buy could ever run one of these jobs: enough
+    on-prem nodes of a fitting GPU, or a configured pool of a market the jobs may use whose
+    instances fit one node of the job. Jobs that fail this wait forever: policies leave them
+    out of what they buy, and the controller reports them."""
+    shape = need.shape
+    if Capacity.ONPREM in need.tiers:
+        fitting = sum(
+            1 for n in view.onprem if shape.accepts(n.gpus, n.gpu_model, n.gpu_memory_gib)
+        )
+        if fitting >= need.nodes:
+            return True
+    return any(need.allows(pool) for pool in view.pools)
 
 
 def unmet(needs: list[Need], available: Supply) -> list[Need]:
     """Place needs into free room, tier by tier in the placement's order and best fit within a
-    tier, and return what is left. Idle nodes come last; any that takes a job is kept (recorded
-    in ``available.kept``)."""
+    tier, and return what is left. Only room on GPUs a job accepts counts, and a job of several
+    nodes takes room on that many distinct nodes or none. Idle nodes come last; any that takes
+    a job is kept (recorded in ``available.kept``)."""
     left: list[Need] = []
     for need in needs:
         remaining = need.jobs
-        size = need.gpus_per_job
+        size = need.gpus_per_node
+        shape = need.shape
         for kind in need.tiers:
-            for free in sorted({f for (k, f) in available.buckets if k is kind and f >= size}):
+            if remaining == 0:
+                break
+            slots = sorted(
+                (
+                    slot
+                    for slot, count in available.buckets.items()
+                    if count > 0
+                    and slot.kind is kind
+                    and shape.accepts(slot.free, slot.gpu_model, slot.gpu_memory_gib)
+                ),
+                key=lambda s: (s.free, s.gpu_model or "", s.gpu_memory_gib or 0.0),
+            )
+            if need.nodes > 1:
+                remaining = _place_gangs(need, remaining, slots, available)
+                continue
+            for slot in slots:
                 if remaining == 0:
                     break
-                count = available.buckets.get((kind, free), 0)
+                count = available.buckets.get(slot, 0)
                 if count == 0:
                     continue
-                per_node = free // size
+                per_node = slot.free // size
                 nodes_used = min(count, math.ceil(remaining / per_node))
                 hosted = min(remaining, nodes_used * per_node)
                 remaining -= hosted
-                available.buckets[(kind, free)] = count - nodes_used
+                available.buckets[slot] = count - nodes_used
                 # All but the last node used are as full as this size can make them.
-                available.add(free - per_node * size, kind, nodes_used - 1)
+                available.add(
+                    slot.free - per_node * size,
+                    kind,
+                    nodes_used - 1,
+                    slot.gpu_model,
+                    slot.gpu_memory_gib,
+                )
                 last_hosted = hosted - (nodes_used - 1) * per_node
-                available.add(free - last_hosted * size, kind)
-        for node, kind in available.idle:
-            if remaining == 0:
-                break
-            if kind not in need.tiers:
-                continue
-            free = node.gpus - node.gpus_allocated if node.joined else node.gpus
-            if free >= size and node.instance_id not in available.kept:
-                available.kept.add(node.instance_id)
-                remaining -= min(remaining, free // size)
+                available.add(
+                    slot.free - last_hosted * size, kind, 1, slot.gpu_model, slot.gpu_memory_gib
+                )
+        remaining = _place_on_idle(need, remaining, available)
         if remaining:
-            left.append(Need(size, remaining, need.tiers, need.checkpoint_interval_s))
+            left.append(need.with_jobs(remaining))
     return left
 
 
-def _most_at_risk_first(item: tuple[CloudNode, Capacity]) -> float:
+def _place_gangs(need: Need, remaining: int, slots: list[Slot], available: Supply) -> int:
+    """Host whole multi-node jobs on distinct fitting nodes of one kind, tightest first."""
+    size = need.gpus_per_node
+    nodes_free = sum(available.buckets[slot] for slot in slots)
+    jobs = min(remaining, nodes_free // need.nodes)
+    take = jobs * need.nodes
+    for slot in slots:
+        if take == 0:
+            break
+        used = min(take, available.buckets[slot])
+        available.buckets[slot] -= used
+        available.add(slot.free - size, slot.kind, used, slot.gpu_model, slot.gpu_memory_gib)
+        take -= used
+    return remaining - jobs
+
+
+def _place_on_idle(need: Need, remaining: int, available: Supply) -> int:
+    """Idle nodes a policy would drain, taken for pending work before buying anew."""
+    shape = need.shape
+    fitting: list[tuple[CloudNode, int]] = []
+    for node, kind, pool in available.idle:
+        if kind not in need.tiers or node.instance_id in available.kept or pool is None:
+            continue
+        free = node.gpus - node.gpus_allocated if node.joined else node.gpus
+        if shape.accepts(free, pool.gpu_model, pool.gpu_memory_gib):
+            fitting.append((node, free))
+    if need.nodes > 1:
+        jobs = min(remaining, len(fitting) // need.nodes)
+        for node, _ in fitting[: jobs * need.nodes]:
+            available.kept.add(node.instance_id)
+        return remaining - jobs
+    for node, free in fitting:
+        if remaining == 0:
+            break
+        available.kept.add(node.instance_id)
+        remaining -= min(remaining, free // need.gpus_per_node)
+    return remaining
+
+
+def _most_at_risk_first(item: tuple[CloudNode, Capacity, Pool | None]) -> float:
     """Idle nodes taken for pending work are those that would lose most if drained."""
     risk = item[0].work_at_risk_gpu_s
     return -(risk or 0.0)
@@ -203,8 +364,8 @@ def _most_at_risk_first(item: tuple[CloudNode, Capacity]) -> float:
 @dataclass
 class _Bins:
     offer: Offer
+    need: Need
     count: int = 0
-    largest_job: int = 0
     partial: list[int] = field(default_factory=list)
 
 
@@ -212,37 +373,49 @@ def pack(
     needs: Sequence[Need],
     offers_for: Callable[[Need], Sequence[Offer]],
     fallbacks_for: Callable[[Need, Offer], Sequence[str]],
+    pools: Mapping[str, PoolView] | None = None,
 ) -> list[LaunchRequest]:
-    """Choose new instances for the needs: for each size (largest first) fill room left in
-    instances already chosen, then buy the offer that hosts the rest for the least money, which
-    is the least waste at that price. Returns one launch request per pool and job size class."""
-    bins: dict[str, _Bins] = {}
-    fallbacks: dict[str, Sequence[str]] = {}
+    """Choose new instances for the needs: for each shape (largest first) fill room left in
+    instances already chosen that the jobs accept, then buy the offer that hosts the rest for
+    the least money, which is the least waste at that price. Only offers whose instances can
+    host the jobs' nodes are considered, and only such fallbacks are named; a multi-node job
+    gets a gang of one instance per node in one pool. Returns one launch request per pool and
+    shape, carrying that shape so nothing downstream can substitute one that does not fit.
+    Fallbacks are kept only when they host the shape: among the offers, or among ``pools``
+    when given (a policy whose fallbacks reach beyond its offers)."""
+    bins: dict[tuple[str, NodeShape, int], _Bins] = {}
+    fallbacks: dict[tuple[str, NodeShape, int], Sequence[str]] = {}
     for need in needs:
-        offers = [o for o in offers_for(need) if o.gpus >= need.gpus_per_job]
+        offers = [o for o in offers_for(need) if need.fits(o.pool)]
         allowed = {o.name for o in offers}
         remaining = need.jobs
-        for entry in sorted(bins.values(), key=lambda b: b.offer.cost_per_gpu_hour):
-            if entry.offer.name not in allowed:
-                continue
-            still: list[int] = []
-            for free in entry.partial:
-                fit = min(remaining, free // need.gpus_per_job)
-                remaining -= fit
-                rest = free - fit * need.gpus_per_job
-                if rest:
-                    still.append(rest)
-            entry.partial = still
-        room = {o.name: o.room - (bins[o.name].count if o.name in bins else 0) for o in offers}
+        per_job = need.nodes
+        size = need.gpus_per_node
+        if per_job == 1:
+            for entry in sorted(bins.values(), key=lambda b: b.offer.cost_per_gpu_hour):
+                if entry.offer.name not in allowed:
+                    continue
+                still: list[int] = []
+                for free in entry.partial:
+                    fit = min(remaining, free // size)
+                    remaining -= fit
+                    rest = free - fit * size
+                    if rest:
+                        still.append(rest)
+                entry.partial = still
+        used: dict[str, int] = {}
+        for (name, _, _), entry in bins.items():
+            used[name] = used.get(name, 0) + entry.count
+        room = {o.name: o.room - used.get(o.name, 0) for o in offers}
         while remaining > 0:
             best: tuple[float, int, int, int] | None = None
             chosen: Offer | None = None
             for rank, offer in enumerate(offers):
-                if room[offer.name] <= 0 or not math.isfinite(offer.cost_per_hour):
+                if room[offer.name] < per_job or not math.isfinite(offer.cost_per_hour):
                     continue
-                per = offer.gpus // need.gpus_per_job
-                k = min(room[offer.name], math.ceil(remaining / per))
-                hosted = min(remaining, k * per)
+                jobs_each = offer.gpus // size if per_job == 1 else 1
+                k = _instances(remaining, jobs_each, per_job, room[offer.name])
+                hosted = min(remaining, (k // per_job) * jobs_each)
                 # Cheapest per hosted job; then least waste; then smaller instances, whose GPUs
                 # come back as soon as their job ends; then the offer's own rank.
                 score = (
@@ -255,30 +428,48 @@ def pack(
                     best, chosen = score, offer
             if chosen is None:
                 break
-            per = chosen.gpus // need.gpus_per_job
-            k = min(room[chosen.name], math.ceil(remaining / per))
-            hosted = min(remaining, k * per)
+            jobs_each = chosen.gpus // size if per_job == 1 else 1
+            k = _instances(remaining, jobs_each, per_job, room[chosen.name])
+            hosted = min(remaining, (k // per_job) * jobs_each)
             remaining -= hosted
             room[chosen.name] -= k
-            entry = bins.setdefault(chosen.name, _Bins(chosen))
+            key = (chosen.name, need.shape, per_job)
+            entry = bins.setdefault(key, _Bins(chosen, need))
             entry.count += k
-            entry.largest_job = max(entry.largest_job, need.gpus_per_job)
-            last = hosted - (k - 1) * per
-            rest = chosen.gpus - last * need.gpus_per_job
-            if rest:
-                entry.partial.append(rest)
-            if chosen.name not in fallbacks:
-                fallbacks[chosen.name] = fallbacks_for(need, chosen)
+            if per_job == 1:
+                last = hosted - (k - 1) * jobs_each
+                rest = chosen.gpus - last * size
+                if rest:
+                    entry.partial.append(rest)
+            else:
+                entry.partial.extend([chosen.gpus - size] * k)
+            if key not in fallbacks:
+                fallbacks[key] = [
+                    f for f in fallbacks_for(need, chosen) if f != chosen.name and f in allowed
+                ]
     return [
         LaunchRequest(
             pool=name,
             count=entry.count,
-            fallbacks=tuple(f for f in fallbacks.get(name, ()) if f != name),
-            reason=f"host pending jobs of up to {entry.largest_job} GPU(s)",
+            fallbacks=tuple(fallbacks.get((name, shape, gang), ())),
+            reason=f"host pending jobs of {shape.describe()}"
+            + (f" on each of {gang} nodes" if gang > 1 else ""),
+            shape=shape,
+            gang_size=gang,
         )
-        for name, entry in sorted(bins.items())
+        for (name, shape, gang), entry in sorted(
+            bins.items(), key=lambda item: (item[0][0], -item[0][1].gpus, item[0][2])
+        )
         if entry.count > 0
     ]
+
+
+def _instances(remaining: int, jobs_each: int, per_job: int, room: int) -> int:
+    """Instances to buy for ``remaining`` jobs: whole gangs of ``per_job`` for multi-node jobs,
+    else enough instances holding ``jobs_each`` jobs each, within ``room``."""
+    if per_job > 1:
+        return min(remaining, room // per_job) * per_job
+    return min(room, math.ceil(remaining / jobs_each))
 
 
 def headroom(view: FleetView, pool: PoolView) -> int:
@@ -294,14 +485,16 @@ def effective_cost_per_hour(
     restart_overhead_s: float,
     interruption_rate_per_hour: float,
     min_useful_fraction: float,
+    members: int = 1,
 ) -> float:
     """Spot price grossed up by the work interruptions waste: what an hour of *useful* work costs.
 
     With interruptions at rate λ per hour, each losing on average half a checkpoint interval
     plus the time to get a replacement booted and the job restarted, the useful share of a paid
-    hour is ``1 - λ·(interval/2 + restart)``. A job that cannot checkpoint loses everything it
-    did, so it never gets a finite price on spot. Below ``min_useful_fraction`` the pool is not
-    worth buying at any price.
+    hour is ``1 - λ·(interval/2 + restart)``. A job of ``members`` nodes stops whole when any one
+    of them is taken, so its rate is ``members·λ``. A job that cannot checkpoint loses everything
+    it did, so it never gets a finite price on spot. Below ``min_useful_fraction`` the pool is
+    not worth buying at any price.
     """
     if pool.price is None:
         return math.inf
@@ -311,7 +504,7 @@ def effective_cost_per_hour(
     if checkpoint_interval_s is None:
         return math.inf
     lost_hours = (checkpoint_interval_s / 2 + restart_overhead_s + pool.pool.boot_seconds) / HOUR
-    useful = 1.0 - interruption_rate_per_hour * lost_hours
+    useful = 1.0 - members * interruption_rate_per_hour * lost_hours
     if useful < min_useful_fraction:
         return math.inf
     return price / useful
@@ -368,9 +561,9 @@ def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
 def onprem_room(available: Supply) -> list[int]:
     """Free on-prem GPUs per node left in ``available`` (after pending work took its share)."""
     room: list[int] = []
-    for (kind, free), count in available.buckets.items():
-        if kind is Capacity.ONPREM:
-            room.extend([free] * count)
+    for slot, count in available.buckets.items():
+        if slot.kind is Capacity.ONPREM:
+            room.extend([slot.free] * count)
     return sorted(room)
 
 

@@ -29,6 +29,7 @@ from policies.common import (
     Need,
     Offer,
     Supply,
+    can_ever_host,
     displaced,
     drain_requests,
     effective_cost_per_hour,
@@ -164,10 +165,10 @@ class CostAwarePolicy:
             groups += displaced(view, self.params.displaced_checkpoint_interval_s)
         needs = unmet(needs_from(groups, self.placement), available)
         rates = self.interruption_rates(view)
-        offers: dict[tuple[int, tuple[Capacity, ...], float | None], list[Offer]] = {}
+        offers: dict[tuple[object, ...], list[Offer]] = {}
 
         def offers_for(need: Need) -> list[Offer]:
-            key = (need.gpus_per_job, need.tiers, need.checkpoint_interval_s)
+            key = (need.shape, need.nodes, need.tiers, need.checkpoint_interval_s)
             if key not in offers:
                 offers[key] = self._offers(view, need, rates)
             return offers[key]
@@ -177,13 +178,19 @@ class CostAwarePolicy:
             offers_for,
             lambda need, chosen: [o.name for o in offers_for(need)],
         )
+        waiting = [n for n in needs if not can_ever_host(view, n)]
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
         moves = self._consolidations(view, underused, available, offers_for)
         return Plan(
             launches=tuple(launches),
             drains=drains + moves,
             placement=self.placement,
-            reason=f"{sum(n.jobs for n in needs)} pending job(s) need new capacity",
+            reason=f"{sum(n.jobs for n in needs)} pending job(s) need new capacity"
+            + (
+                f"; {sum(n.jobs for n in waiting)} no configured capacity can host"
+                if waiting
+                else ""
+            ),
         )
 
     def _consolidations(
@@ -218,13 +225,16 @@ class CostAwarePolicy:
                 room.sort()
                 elsewhere = 0.0
             else:
-                need = Need(size, 1, tiers, self.params.displaced_checkpoint_interval_s)
+                model = pool.pool.gpu_model
+                need = Need(
+                    size,
+                    1,
+                    tiers,
+                    self.params.displaced_checkpoint_interval_s,
+                    gpu_models=(model,) if model else (),
+                )
                 elsewhere = min(
-                    (
-                        o.cost_per_hour
-                        for o in offers_for(need)
-                        if o.name != node.pool and o.gpus >= size
-                    ),
+                    (o.cost_per_hour for o in offers_for(need) if o.name != node.pool),
                     default=math.inf,
                 )
             if elsewhere <= limit * pool.price.price_per_hour:
@@ -254,6 +264,7 @@ class CostAwarePolicy:
                 self.params.restart_overhead_s,
                 rates[pool.name],
                 self.params.min_useful_fraction,
+                need.nodes,
             )
             offers.append(Offer(pool, cost, headroom(view, pool)))
         offers.sort(key=lambda o: o.cost_per_gpu_hour)

@@ -15,6 +15,7 @@ from autoscaler.model import (
     FleetView,
     InstanceState,
     OnPremNode,
+    Plan,
     Pool,
     PoolView,
     PriceQuote,
@@ -78,8 +79,11 @@ def view(
     )
 
 
-def launches(plan: object) -> dict[str, int]:
-    return {launch.pool: launch.count for launch in plan.launches}  # type: ignore[attr-defined]
+def launches(plan: Plan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for launch in plan.launches:
+        counts[launch.pool] = counts.get(launch.pool, 0) + launch.count
+    return counts
 
 
 SPOT1 = pool("spot-1", gpus=1)
@@ -236,7 +240,9 @@ def test_planned_capacity_hosts_every_job_it_can(
     ]
     demand = [group(g, n, checkpoint=1800.0 if safe else None) for g, n, safe in groups]
     plan = CostAwarePolicy().decide(view(pools, demand))
-    bought = {launch.pool: launch.count for launch in plan.launches}
+    bought: dict[str, int] = {}
+    for launch in plan.launches:
+        bought[launch.pool] = bought.get(launch.pool, 0) + launch.count
     # every bought instance is a shape that fits at least one pending job, and a job that some
     # allowed pool can host is covered by the GPUs bought for its class
     by_name = {p.pool.name: p.pool for p in pools}

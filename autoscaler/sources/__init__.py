@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from autoscaler.model import DemandGroup, Job, OnPremNode, Placement
 
@@ -117,7 +117,28 @@ class CheckpointingScheduler(Protocol):
     def requeue(self, job_id: str) -> None: ...
 
 
-GroupKey = tuple[int, float | None, bool, str | None, str | None]
+class GroupKey(NamedTuple):
+    """What makes pending jobs interchangeable for capacity planning."""
+
+    gpus: int
+    checkpoint_interval_s: float | None
+    high_priority: bool
+    gpu_models: tuple[str, ...]
+    partition: str | None
+    nodes: int = 1
+    min_gpu_memory_gib: float | None = None
+
+
+def job_key(job: Job) -> GroupKey:
+    return GroupKey(
+        job.gpus,
+        job.checkpoint_interval_s,
+        job.high_priority,
+        job.gpu_models,
+        job.partition,
+        job.nodes,
+        job.min_gpu_memory_gib,
+    )
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
@@ -125,7 +146,7 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
     counts: dict[GroupKey, int] = {}
     oldest: dict[GroupKey, float] = {}
     for job in jobs:
-        key = (job.gpus, job.checkpoint_interval_s, job.high_priority, job.gpu_model, job.partition)
+        key = job_key(job)
         submitted = job.submit_time
         if key in counts:
             counts[key] += 1
@@ -142,17 +163,29 @@ def groups_from_counts(
     """Demand groups from jobs counted per group key, in a stable order."""
     return [
         DemandGroup.model_construct(
-            gpus_per_job=key[0],
+            gpus_per_job=key.gpus,
             jobs=counts[key],
-            checkpoint_interval_s=key[1],
-            high_priority=key[2],
-            gpu_model=key[3],
-            partition=key[4],
+            checkpoint_interval_s=key.checkpoint_interval_s,
+            high_priority=key.high_priority,
+            nodes=key.nodes,
+            gpu_models=key.gpu_models,
+            min_gpu_memory_gib=key.min_gpu_memory_gib,
+            partition=key.partition,
             oldest_submit_time=oldest[key],
         )
         for key in sorted(counts, key=_group_order)
     ]
 
 
-def _group_order(key: GroupKey) -> tuple[int, float, bool, str, str]:
-    return (key[0], key[1] if key[1] is not None else -1.0, key[2], key[3] or "", key[4] or "")
+def _group_order(
+    key: GroupKey,
+) -> tuple[int, float, bool, tuple[str, ...], str, int, float]:
+    return (
+        key.gpus,
+        key.checkpoint_interval_s if key.checkpoint_interval_s is not None else -1.0,
+        key.high_priority,
+        key.gpu_models,
+        key.partition or "",
+        key.nodes,
+        key.min_gpu_memory_gib or 0.0,
+    )

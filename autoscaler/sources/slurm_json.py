@@ -453,7 +453,13 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             raise SourceError(f"squeue --json: job {ident}: {exc}") from None
         yield PendingJob(
             str(job.get("job_id")),
-            (gpus, checkpointing.interval_s, high, model, partition or None),
+            GroupKey(
+                gpus,
+                checkpointing.interval_s,
+                high,
+                (model,) if model else (),
+                partition or None,
+            ),
             float(submitted),
             copies,
             checkpointing.duration_s,
@@ -483,18 +489,20 @@ def pending_jobs(text: str | bytes, rules: DemandRules) -> list[Job]:
     """The pending GPU jobs one by one (an array record becomes one ``Job`` per task)."""
     jobs: list[Job] = []
     for item in iter_pending(load_jobs(text), rules):
-        gpus, interval, high, model, partition = item.key
+        key = item.key
         for copy in range(item.copies):
             jobs.append(
                 Job.model_construct(
                     id=item.id if item.copies == 1 else f"{item.id}_{copy}",
-                    gpus=gpus,
+                    gpus=key.gpus,
                     submit_time=item.submit_time,
-                    high_priority=high,
-                    checkpoint_interval_s=interval,
+                    high_priority=key.high_priority,
+                    checkpoint_interval_s=key.checkpoint_interval_s,
                     checkpoint_duration_s=item.checkpoint_duration_s,
-                    gpu_model=model,
-                    partition=partition,
+                    nodes=key.nodes,
+                    gpu_models=key.gpu_models,
+                    min_gpu_memory_gib=key.min_gpu_memory_gib,
+                    partition=key.partition,
                 )
             )
     return jobs

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
@@ -25,13 +33,26 @@ class StaticJobs(BaseModel):
 
     count: PositiveInt = 1
     gpus: PositiveInt = 1
+    nodes: PositiveInt = Field(1, description="nodes each job needs at once (gpus is the total)")
     checkpoint_interval_s: float | None = Field(
         None, gt=0, description="how often the jobs checkpoint; unset: never"
     )
     high_priority: bool = False
-    gpu_model: str | None = None
+    gpu_models: tuple[str, ...] = Field(
+        (), description="GPU models the jobs accept (any when empty)"
+    )
+    min_gpu_memory_gib: PositiveFloat | None = None
     partition: str | None = None
     age_s: NonNegativeFloat = Field(0.0, description="how long they have waited at the first read")
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> StaticJobs:
+        if self.gpus % self.nodes:
+            raise ValueError(
+                f"gpus ({self.gpus}) is each job's total and must be a multiple of nodes "
+                f"({self.nodes})"
+            )
+        return self
 
 
 class StaticQueueSettings(BaseModel):
@@ -57,12 +78,14 @@ class StaticQueueSource:
         counts: dict[GroupKey, int] = {}
         oldest: dict[GroupKey, float] = {}
         for entry in self.settings.jobs:
-            key = (
+            key = GroupKey(
                 entry.gpus,
                 entry.checkpoint_interval_s,
                 entry.high_priority,
-                entry.gpu_model,
+                entry.gpu_models,
                 entry.partition,
+                entry.nodes,
+                entry.min_gpu_memory_gib,
             )
             submitted = min(self._first_read - entry.age_s, now)
             counts[key] = counts.get(key, 0) + entry.count

@@ -93,7 +93,7 @@ class KeepWarmPolicy:
         unmet(needs_from(view.demand.groups, plan.placement), available)
         return sum(
             free * count
-            for (kind, free), count in available.buckets.items()
+            for (kind, free, *_), count in available.buckets.items()
             if kind is Capacity.SPOT
         )
 
