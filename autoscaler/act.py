@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,7 +27,7 @@ from autoscaler.errors import (
     describe,
 )
 from autoscaler.evacuate import Evacuator, JobMove, Move
-from autoscaler.guard import GuardedPlan, GuardMemory
+from autoscaler.guard import GuardedPlan, GuardMemory, launch_shape, node_slots
 from autoscaler.leader import LeadershipLost
 from autoscaler.lifecycle import InstanceRecord, InstanceTable
 from autoscaler.model import (
@@ -39,7 +39,7 @@ from autoscaler.model import (
     Placement,
     PoolView,
 )
-from autoscaler.provider import LaunchResult, Provider
+from autoscaler.provider import GangLauncher, LaunchResult, Provider
 from autoscaler.retry import RetryPolicy
 from autoscaler.sources import WorkloadScheduler
 
@@ -120,9 +120,9 @@ class Actuator:
         self._finish_interrupted(view.now, records)
         self._collect_orphans(view.now, records)
         failed_providers: set[str] = set()
-        for index, launch in enumerate(guarded.plan.launches):
+        for index, launch in enumerate(guarded.launches):
             if guarded.allowance.fleet_full():
-                guarded.allowance.note_skipped(guarded.plan.launches[index:])
+                guarded.allowance.note_skipped(guarded.launches[index:])
                 break
             self._launch(view, guarded, launch, index, failed_providers, records)
         return records
@@ -446,11 +446,19 @@ class Actuator:
         failed_providers: set[str],
         records: list[ActionRecord],
     ) -> None:
+        """Walk the launch's pools in order until its nodes are bought. What is wanted is
+        counted in nodes of the launch's shape, so a fallback of another size gets as many
+        instances as hold the same nodes; the guard has already kept only pools that fit."""
+        if launch.gang_size > 1:
+            for gang in range(launch.count // launch.gang_size):
+                self._launch_gang(view, guarded, launch, index, gang, failed_providers, records)
+            return
+        shape = launch_shape(launch, view)
         first = view.pool_by_name[launch.pool].pool
-        gpus_wanted = launch.count * first.gpus_per_instance
+        slots_wanted = launch.count * node_slots(first, shape)
         previous: str | None = None
         for attempt, name in enumerate((launch.pool, *launch.fallbacks)):
-            if gpus_wanted <= 0:
+            if slots_wanted <= 0:
                 return
             pool_view = view.pool_by_name[name]
             pool = pool_view.pool
@@ -460,77 +468,165 @@ class Actuator:
                 continue
             if not self.capacity.is_available(name, view.now):
                 continue
-            want = math.ceil(gpus_wanted / pool.gpus_per_instance)
+            want = math.ceil(slots_wanted / node_slots(pool, shape))
             granted = guarded.allowance.admit_launch(pool_view, want)
             if granted == 0:
                 continue
             request_id = f"{self.incarnation}-{view.tick}-{index}-{attempt}"
             provider = self.providers[pool.provider]
-            try:
-                result = self.retry.call(
-                    partial(provider.launch, pool, granted, request_id, self.config.fleet_id)
-                )
-            except ProviderError as exc:
-                guarded.allowance.refund(pool_view, granted)
-                self._remember_failure(exc, name, view.now)
-                if isinstance(exc, (AuthError, InvalidRequest)):
-                    failed_providers.add(pool.provider)
-                    log.error("launch in %s refused: %s", name, exc)
-                records.append(
-                    ActionRecord(
-                        "launch",
-                        name,
-                        granted,
-                        0,
-                        _outcome(exc),
-                        describe(exc),
-                        request_id,
-                        (),
-                        fallback_from,
-                    )
-                )
-                continue
-            except LeadershipLost:
-                raise
-            except Exception as exc:
-                guarded.allowance.refund(pool_view, granted)
-                log.exception("provider %s failed unexpectedly while launching", pool.provider)
-                records.append(
-                    ActionRecord(
-                        "launch",
-                        name,
-                        granted,
-                        0,
-                        "error",
-                        describe(exc),
-                        request_id,
-                        (),
-                        fallback_from,
-                    )
-                )
-                continue
-            launched = self._record_launch(result, granted, pool_view, guarded, view.now)
-            if launched:
-                self.memory.last_scale_up[name] = view.now
-            gpus_wanted -= launched * pool.gpus_per_instance
-            outcome = (
-                "ok"
-                if launched >= granted
-                else ("partial" if launched else _outcome(result.shortfall))
+            launched = self._call_launch(
+                partial(provider.launch, pool, granted, request_id, self.config.fleet_id),
+                view,
+                guarded,
+                launch,
+                pool_view,
+                granted,
+                request_id,
+                fallback_from,
+                failed_providers,
+                records,
             )
+            slots_wanted -= launched * node_slots(pool, shape)
+
+    def _launch_gang(
+        self,
+        view: FleetView,
+        guarded: GuardedPlan,
+        launch: LaunchRequest,
+        index: int,
+        gang: int,
+        failed_providers: set[str],
+        records: list[ActionRecord],
+    ) -> None:
+        """One multi-node job's instances: all of them in one pool, placed together, or none
+        there and the next pool tried. Admitted whole or not at all: a part of a gang hosts
+        nothing."""
+        size = launch.gang_size
+        previous: str | None = None
+        for attempt, name in enumerate((launch.pool, *launch.fallbacks)):
+            pool_view = view.pool_by_name[name]
+            pool = pool_view.pool
+            fallback_from = previous
+            previous = name
+            if pool.provider in failed_providers:
+                continue
+            if not self.capacity.is_available(name, view.now):
+                continue
+            granted = guarded.allowance.admit_launch(pool_view, size)
+            if granted < size:
+                guarded.allowance.refund(pool_view, granted)
+                continue
+            request_id = f"{self.incarnation}-{view.tick}-{index}-g{gang}-{attempt}"
+            provider = self.providers[pool.provider]
+            gang_launch = getattr(provider, "launch_gang", None)
+            if not isinstance(provider, GangLauncher) or gang_launch is None:
+                guarded.allowance.refund(pool_view, granted)
+                records.append(
+                    ActionRecord(
+                        "launch",
+                        name,
+                        size,
+                        0,
+                        "refused",
+                        f"provider {pool.provider} cannot launch a multi-node job's nodes together",
+                        request_id,
+                        (),
+                        fallback_from,
+                    )
+                )
+                continue
+            launched = self._call_launch(
+                partial(gang_launch, pool, size, request_id, self.config.fleet_id),
+                view,
+                guarded,
+                launch,
+                pool_view,
+                granted,
+                request_id,
+                fallback_from,
+                failed_providers,
+                records,
+            )
+            if launched:
+                return
+
+    def _call_launch(
+        self,
+        call: Callable[[], LaunchResult],
+        view: FleetView,
+        guarded: GuardedPlan,
+        launch: LaunchRequest,
+        pool_view: PoolView,
+        granted: int,
+        request_id: str,
+        fallback_from: str | None,
+        failed_providers: set[str],
+        records: list[ActionRecord],
+    ) -> int:
+        """Make one launch call and record what came of it; returns the instances launched."""
+        pool = pool_view.pool
+        name = pool.name
+        try:
+            result = self.retry.call(call)
+        except ProviderError as exc:
+            guarded.allowance.refund(pool_view, granted)
+            self._remember_failure(exc, name, view.now)
+            if isinstance(exc, (AuthError, InvalidRequest)):
+                failed_providers.add(pool.provider)
+                log.error("launch in %s refused: %s", name, exc)
             records.append(
                 ActionRecord(
                     "launch",
                     name,
                     granted,
-                    launched,
-                    outcome,
-                    describe(result.shortfall) if result.shortfall else launch.reason,
+                    0,
+                    _outcome(exc),
+                    describe(exc),
                     request_id,
-                    tuple(i.id for i in result.instances),
+                    (),
                     fallback_from,
                 )
             )
+            return 0
+        except LeadershipLost:
+            raise
+        except Exception as exc:
+            guarded.allowance.refund(pool_view, granted)
+            log.exception("provider %s failed unexpectedly while launching", pool.provider)
+            records.append(
+                ActionRecord(
+                    "launch",
+                    name,
+                    granted,
+                    0,
+                    "error",
+                    describe(exc),
+                    request_id,
+                    (),
+                    fallback_from,
+                )
+            )
+            return 0
+        launched = self._record_launch(result, granted, pool_view, guarded, view.now)
+        if launched:
+            self.memory.last_scale_up[name] = view.now
+        outcome = (
+            "ok" if launched >= granted else ("partial" if launched else _outcome(result.shortfall))
+        )
+        records.append(
+            ActionRecord(
+                "launch",
+                name,
+                granted,
+                launched,
+                outcome,
+                describe(result.shortfall) if result.shortfall else launch.reason,
+                request_id,
+                tuple(i.id for i in result.instances),
+                fallback_from,
+            )
+        )
+        return launched
 
     def _record_launch(
         self,

@@ -23,7 +23,9 @@ from autoscaler.model import (
     FleetView,
     InstanceState,
     LaunchRequest,
+    NodeShape,
     Plan,
+    Pool,
     PoolView,
 )
 
@@ -234,13 +236,85 @@ def _room(limit: int | None, used: int) -> float:
 
 @dataclass
 class GuardedPlan:
+    """A plan as the guard lets it through: the drains admitted, the launches reduced to pools
+    that can host what they are for, and the allowance act spends launch by launch."""
+
     plan: Plan
     drains: tuple[DrainRequest, ...]
     allowance: Allowance
+    launches: tuple[LaunchRequest, ...] = ()
 
     @property
     def clamps(self) -> list[Clamp]:
         return self.allowance.clamps
+
+
+def launch_shape(launch: LaunchRequest, view: FleetView) -> NodeShape:
+    """What each instance of a launch must host: its declared shape, else a whole instance of
+    its first pool (a plugin that states no shape is taken at its word for that much)."""
+    if launch.shape is not None:
+        return launch.shape
+    first = view.pool_by_name[launch.pool].pool
+    return NodeShape.model_construct(
+        gpus=first.gpus_per_instance, gpu_models=(), min_gpu_memory_gib=None
+    )
+
+
+def fitting_launches(
+    launches: Sequence[LaunchRequest], view: FleetView, clamps: list[Clamp]
+) -> tuple[LaunchRequest, ...]:
+    """Every launch reduced to the pools, first choice and fallbacks, whose instances can host
+    its shape: an instance that cannot run the job it was bought for is never bought. A launch
+    left with no such pool is dropped; each removal is a ``shape`` clamp."""
+    pools = view.pool_by_name
+    kept: list[LaunchRequest] = []
+    for launch in launches:
+        shape = launch_shape(launch, view)
+        names = [n for n in (launch.pool, *launch.fallbacks) if pools[n].pool.can_host(shape)]
+        refused = [n for n in (launch.pool, *launch.fallbacks) if n not in names]
+        for name in refused:
+            clamps.append(
+                Clamp(
+                    "shape",
+                    name,
+                    launch.count,
+                    0,
+                    f"an instance of {name} cannot host {shape.describe()}",
+                )
+            )
+        if not names:
+            continue
+        if names[0] == launch.pool and not refused:
+            kept.append(launch)
+            continue
+        first = pools[launch.pool].pool
+        slots = launch.count * _slots(first.gpus_per_instance, shape, launch.gang_size)
+        head = pools[names[0]].pool
+        count = _instances_for(slots, head.gpus_per_instance, shape, launch.gang_size)
+        kept.append(
+            launch.model_copy(
+                update={"pool": names[0], "fallbacks": tuple(names[1:]), "count": count}
+            )
+        )
+    return tuple(kept)
+
+
+def node_slots(pool: Pool, shape: NodeShape) -> int:
+    """Nodes of ``shape`` one instance of ``pool`` holds (at least one: the guard has checked
+    that it fits)."""
+    return max(1, pool.gpus_per_instance // shape.gpus)
+
+
+def _slots(gpus_per_instance: int, shape: NodeShape, gang_size: int) -> int:
+    """Nodes of ``shape`` one instance holds: one per instance for a gang's members."""
+    return 1 if gang_size > 1 else max(1, gpus_per_instance // shape.gpus)
+
+
+def _instances_for(slots: int, gpus_per_instance: int, shape: NodeShape, gang_size: int) -> int:
+    """Instances of a pool that hold ``slots`` nodes of ``shape`` (whole gangs for a gang)."""
+    if gang_size > 1:
+        return slots
+    return math.ceil(slots / max(1, gpus_per_instance // shape.gpus))
 
 
 def guard(
@@ -280,4 +354,5 @@ def guard(
             )
             continue
         admitted.append(drain)
-    return GuardedPlan(plan, tuple(admitted), allowance)
+    launches = fitting_launches(plan.launches, view, allowance.clamps)
+    return GuardedPlan(plan, tuple(admitted), allowance, launches)

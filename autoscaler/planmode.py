@@ -70,6 +70,9 @@ class ReadOnlyProvider:
     def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
         raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
 
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
+
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         raise MutationRefusedError("plan mode never terminates")
 

@@ -16,7 +16,7 @@ from collections.abc import Collection
 
 from pydantic import BaseModel, ConfigDict
 
-from autoscaler.guard import Clamp, GuardedPlan
+from autoscaler.guard import Clamp, GuardedPlan, launch_shape, node_slots
 from autoscaler.model import LIVE_STATES, FleetView, LaunchRequest, PoolView
 
 
@@ -138,7 +138,7 @@ def _launches(view: FleetView, guarded: GuardedPlan) -> tuple[LaunchPreview, ...
     """Act's launch loop (``Actuator.act`` and ``_launch``) with every granted launch taken as
     fulfilled, and the capacity cache empty, as it is in a controller that has just started."""
     allowance = guarded.allowance
-    planned = guarded.plan.launches
+    planned = guarded.launches
     found: list[LaunchPreview] = []
     for index, launch in enumerate(planned):
         if allowance.fleet_full():
@@ -147,18 +147,33 @@ def _launches(view: FleetView, guarded: GuardedPlan) -> tuple[LaunchPreview, ...
             rule = allowance.clamps[before].detail if len(allowance.clamps) > before else ""
             found.extend(_skipped(rest, rule) for rest in planned[index:])
             break
+        shape = launch_shape(launch, view)
         first = view.pool_by_name[launch.pool].pool
-        gpus_wanted = launch.count * first.gpus_per_instance
         attempts: list[LaunchAttempt] = []
+        if launch.gang_size > 1:
+            # Every gang comes up whole in the first pool that admits it whole.
+            for _ in range(launch.count // launch.gang_size):
+                for name in (launch.pool, *launch.fallbacks):
+                    pool_view = view.pool_by_name[name]
+                    granted = allowance.admit_launch(pool_view, launch.gang_size)
+                    if granted < launch.gang_size:
+                        allowance.refund(pool_view, granted)
+                        granted = 0
+                    attempts.append(
+                        LaunchAttempt(pool=name, wanted=launch.gang_size, granted=granted)
+                    )
+                    if granted:
+                        break
+        slots_wanted = 0 if launch.gang_size > 1 else launch.count * node_slots(first, shape)
         for name in (launch.pool, *launch.fallbacks):
-            if gpus_wanted <= 0:
+            if slots_wanted <= 0:
                 break
             pool_view = view.pool_by_name[name]
-            per = pool_view.pool.gpus_per_instance
-            want = math.ceil(gpus_wanted / per)
+            per = node_slots(pool_view.pool, shape)
+            want = math.ceil(slots_wanted / per)
             granted = allowance.admit_launch(pool_view, want)
             attempts.append(LaunchAttempt(pool=name, wanted=want, granted=granted))
-            gpus_wanted -= granted * per
+            slots_wanted -= granted * per
         found.append(
             LaunchPreview(
                 pool=launch.pool,

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from autoscaler.errors import ProviderError, describe
+from autoscaler.errors import InvalidRequest, ProviderError, describe
 from autoscaler.metrics import Metrics
 from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
-from autoscaler.provider import LaunchResult, Provider
+from autoscaler.provider import GangLauncher, LaunchResult, Provider
 
 T = TypeVar("T")
 
@@ -62,12 +62,42 @@ class WatchedProvider:
         self._timed("acknowledge", lambda: self.inner.acknowledge(notices))
 
     def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        return self._launch(
+            "launch",
+            pool,
+            count,
+            request_id,
+            lambda: self.inner.launch(pool, count, request_id, fleet_id),
+        )
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """A multi-node job's instances, all or none, fenced and journaled as any launch is."""
+        inner = self.inner
+        if not isinstance(inner, GangLauncher):
+            raise InvalidRequest(
+                f"provider {self.name!r} cannot launch a multi-node job's nodes together",
+                pool=pool.name,
+            )
+        return self._launch(
+            "launch_gang",
+            pool,
+            count,
+            request_id,
+            lambda: inner.launch_gang(pool, count, request_id, fleet_id),
+        )
+
+    def _launch(
+        self,
+        operation: str,
+        pool: Pool,
+        count: int,
+        request_id: str,
+        call: Callable[[], LaunchResult],
+    ) -> LaunchResult:
         if self.ledger is not None:
             self.ledger.started("launch", self.name, pool.name, count, request_id)
         try:
-            result = self._timed(
-                "launch", lambda: self.inner.launch(pool, count, request_id, fleet_id)
-            )
+            result = self._timed(operation, call)
         except Exception as exc:
             self._finished(request_id, _code(exc), (), describe(exc))
             raise

@@ -445,7 +445,10 @@ def pack(
                 entry.partial.extend([chosen.gpus - size] * k)
             if key not in fallbacks:
                 fallbacks[key] = [
-                    f for f in fallbacks_for(need, chosen) if f != chosen.name and f in allowed
+                    f
+                    for f in fallbacks_for(need, chosen)
+                    if f != chosen.name
+                    and (f in allowed or (pools is not None and f in pools and need.fits(pools[f])))
                 ]
     return [
         LaunchRequest(

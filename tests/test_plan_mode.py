@@ -291,9 +291,9 @@ def test_plan_reads_three_clouds_and_a_queue_prints_the_tick_and_changes_nothing
     assert table_row(out, "azure-t4")[3:] == ["$0.3000", "1", "+1", "-0", "2", "$0.3000", "$0.6000"]
     assert table_row(out, "total")[1:] == ["4", "+6", "-0", "10", "$2.5000", "$5.3000"]
     assert lines_after(out, "launches") == [
-        "aws-a10g: 5 asked (host pending jobs of up to 1 GPU(s)): aws-a10g 5 of 5; "
+        "aws-a10g: 5 asked (host pending jobs of 1 GPU(s)): aws-a10g 5 of 5; "
         "on a capacity failure: azure-t4, gcp-a100",
-        "azure-t4: 3 asked (host pending jobs of up to 1 GPU(s)): azure-t4 1 of 3, "
+        "azure-t4: 3 asked (host pending jobs of 1 GPU(s)): azure-t4 1 of 3, "
         "then aws-a10g 0 of 2, then gcp-a100 0 of 2",
     ]
     assert lines_after(
