@@ -13,6 +13,8 @@
 * Errors: mapped onto the core's typed errors (``providers.aws_errors``); botocore's own retries
   are off so that the controller's bounded retry policy is the only one.
 * Interruptions: an SQS watcher (``providers.aws_notices``) when ``interruption_queue_url`` is set.
+* Gangs: ``launch_gang`` launches a multi-node job's instances all or none, in the pool's cluster
+  placement group (``providers.aws_gang``).
 
 Credentials come from the standard boto3 chain (environment, profile, instance or pod role),
 never from the config file.
@@ -21,12 +23,13 @@ never from the config file.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autoscaler.catalog import (
     AWS_ADVISOR,
@@ -47,7 +50,9 @@ from autoscaler.provider import (
     LaunchResult,
 )
 from providers.aws_errors import CAPACITY_CODES, error_code, typed
+from providers.aws_gang import AwsGangs
 from providers.aws_notices import NoticeWatcher
+from providers.placement import PlacementOption
 
 LISTED_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
 STATES = {
@@ -65,6 +70,7 @@ IDS_PER_FILTER = 200  # instance ids per filter in one call
 # How long an instance whose tags are visible may stay invisible to the describe calls (they are
 # eventually consistent just after a launch) before we stop counting it as pending.
 UNSEEN_GRACE_S = 600.0
+PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")  # up to 255 printable ASCII
 
 
 class _Strict(BaseModel):
@@ -118,6 +124,11 @@ class AwsPoolOptions(_Strict):
     image_id: str | None = None
     security_group_ids: tuple[str, ...] = ()
     max_spot_price: float | None = Field(None, gt=0)
+    placement_group: PlacementOption | None = Field(
+        None,
+        description="the cluster placement group a gang is launched into: {name: X} (existing), "
+        "{create: true} (made for the pool) or {name: X, create: true}",
+    )
 
     @model_validator(mode="after")
     def _launchable(self) -> AwsPoolOptions:
@@ -126,6 +137,14 @@ class AwsPoolOptions(_Strict):
         if self.subnets and self.zones:
             raise ValueError("give subnets or zones, not both")
         return self
+
+    @field_validator("placement_group")
+    @classmethod
+    def _group_name(cls, value: PlacementOption | None) -> PlacementOption | None:
+        name = value.name if value is not None else None
+        if name is not None and not PLACEMENT_GROUP_NAME.match(name):
+            raise ValueError("name: expected up to 255 printable ASCII characters")
+        return value
 
 
 class AwsProvider:
@@ -168,6 +187,7 @@ class AwsProvider:
         self._region_of: dict[str, str] = {}
         self._pool_of: dict[str, str] = {}
         self._launch_tags: dict[str, dict[str, dict[str, str]]] = {}
+        self.gangs = AwsGangs(self)
         self.watcher: NoticeWatcher | None = None
         if settings.interruption_queue_url:
             region = _queue_region(settings.interruption_queue_url) or self._regions()[0]
@@ -445,12 +465,7 @@ class AwsProvider:
         if existing:
             return LaunchResult(tuple(existing), already_existed=True)
         now = self.clock.now()
-        tags = [
-            {"Key": FLEET_TAG, "Value": self.fleet_id},
-            {"Key": POOL_TAG, "Value": pool.name},
-            {"Key": REQUEST_TAG, "Value": request_id},
-            {"Key": LAUNCHED_AT_TAG, "Value": f"{now:.3f}"},
-        ]
+        tags = self._tags_for(pool, request_id, now)
         try:
             if len(self._shapes(pool)) == 1:
                 ids, shortfall = self._run_instances(pool, count, request_id, tags)
@@ -458,20 +473,7 @@ class AwsProvider:
                 ids, shortfall = self._create_fleet(pool, count, request_id, tags)
         except Exception as exc:
             raise typed(exc, pool.name) from None
-        instances = []
-        for instance_id in ids:
-            self._region_of[instance_id] = pool.region
-            self._pool_of[instance_id] = pool.name
-            instances.append(
-                Instance(
-                    id=instance_id,
-                    pool=pool.name,
-                    state=InstanceState.PENDING,
-                    launched_at=now,
-                    request_id=request_id,
-                    gpus=pool.gpus_per_instance,
-                )
-            )
+        instances = [self._launched(pool, i, request_id, now) for i in ids]
         if shortfall is None and len(instances) < count:
             shortfall = CapacityError(
                 f"{pool.name}: {len(instances)} of {count} launched",
@@ -479,6 +481,32 @@ class AwsProvider:
                 code="UnfulfillableCapacity",
             )
         return LaunchResult(tuple(instances), shortfall)
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """All ``count`` instances in the pool's placement group, or none (``AwsGangs``)."""
+        return self.gangs.launch(pool, count, request_id)
+
+    def _tags_for(self, pool: Pool, request_id: str, now: float) -> list[dict[str, str]]:
+        """The four tags every launched instance carries (TagSpecifications)."""
+        return [
+            {"Key": FLEET_TAG, "Value": self.fleet_id},
+            {"Key": POOL_TAG, "Value": pool.name},
+            {"Key": REQUEST_TAG, "Value": request_id},
+            {"Key": LAUNCHED_AT_TAG, "Value": f"{now:.3f}"},
+        ]
+
+    def _launched(self, pool: Pool, instance_id: str, request_id: str, now: float) -> Instance:
+        """An instance a launch just made, as pending, remembered for terminate and notices."""
+        self._region_of[instance_id] = pool.region
+        self._pool_of[instance_id] = pool.name
+        return Instance(
+            id=instance_id,
+            pool=pool.name,
+            state=InstanceState.PENDING,
+            launched_at=now,
+            request_id=request_id,
+            gpus=pool.gpus_per_instance,
+        )
 
     def _shapes(self, pool: Pool) -> list[dict[str, str]]:
         options = self.options[pool.name]
@@ -494,12 +522,20 @@ class AwsProvider:
         return [{"InstanceType": t, **place} for t in types for place in places]
 
     def _run_instances(
-        self, pool: Pool, count: int, request_id: str, tags: list[dict[str, str]]
+        self,
+        pool: Pool,
+        count: int,
+        request_id: str,
+        tags: list[dict[str, str]],
+        *,
+        together: bool = False,
+        group: str | None = None,
     ) -> tuple[list[str], ProviderError | None]:
+        """``together``: all ``count`` or none (MinCount = MaxCount), in placement ``group``."""
         options = self.options[pool.name]
         (shape,) = self._shapes(pool)
         request: dict[str, Any] = {
-            "MinCount": 1,
+            "MinCount": count if together else 1,
             "MaxCount": count,
             "InstanceType": shape["InstanceType"],
             "ClientToken": request_id[:64],
@@ -513,6 +549,8 @@ class AwsProvider:
             request["SubnetId"] = shape["SubnetId"]
         elif "AvailabilityZone" in shape:
             request["Placement"] = {"AvailabilityZone": shape["AvailabilityZone"]}
+        if group is not None:
+            request.setdefault("Placement", {})["GroupName"] = group
         if options.security_group_ids:
             request["SecurityGroupIds"] = list(options.security_group_ids)
         if pool.is_spot:
@@ -527,11 +565,24 @@ class AwsProvider:
         return [i["InstanceId"] for i in response.get("Instances", [])], None
 
     def _create_fleet(
-        self, pool: Pool, count: int, request_id: str, tags: list[dict[str, str]]
+        self,
+        pool: Pool,
+        count: int,
+        request_id: str,
+        tags: list[dict[str, str]],
+        *,
+        together: bool = False,
+        group: str | None = None,
     ) -> tuple[list[str], ProviderError | None]:
+        """``together``: all ``count`` or none (``MinTargetCapacity``, which EC2 honours only
+        with one zone or one instance type: both are asked), in placement ``group``."""
         options = self.options[pool.name]
         assert options.launch_template is not None
         market = "spot" if pool.is_spot else "on-demand"
+        overrides: list[dict[str, Any]] = [dict(shape) for shape in self._shapes(pool)]
+        if group is not None:
+            for override in overrides:
+                override["Placement"] = {"GroupName": group}
         request: dict[str, Any] = {
             "Type": "instant",
             "ClientToken": request_id[:64],
@@ -542,18 +593,23 @@ class AwsProvider:
             "LaunchTemplateConfigs": [
                 {
                     "LaunchTemplateSpecification": options.launch_template.spec(),
-                    "Overrides": self._shapes(pool),
+                    "Overrides": overrides,
                 }
             ],
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
         }
+        strategy: dict[str, Any]
         if pool.is_spot:
-            spot: dict[str, Any] = {"AllocationStrategy": "price-capacity-optimized"}
+            strategy = {"AllocationStrategy": "price-capacity-optimized"}
             if options.max_spot_price is not None:
-                spot["MaxTotalPrice"] = f"{options.max_spot_price * count:.5f}"
-            request["SpotOptions"] = spot
+                strategy["MaxTotalPrice"] = f"{options.max_spot_price * count:.5f}"
         else:
-            request["OnDemandOptions"] = {"AllocationStrategy": "lowest-price"}
+            strategy = {"AllocationStrategy": "lowest-price"}
+        if together:
+            strategy.update(
+                MinTargetCapacity=count, SingleAvailabilityZone=True, SingleInstanceType=True
+            )
+        request["SpotOptions" if pool.is_spot else "OnDemandOptions"] = strategy
         response = self.client("ec2", pool.region).create_fleet(**request)
         ids = [i for group in response.get("Instances", []) for i in group.get("InstanceIds", [])]
         return ids, _fleet_shortfall(response.get("Errors", []), pool.name)

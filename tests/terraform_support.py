@@ -23,7 +23,7 @@ import hcl2
 ROOT = Path(__file__).resolve().parent.parent
 TERRAFORM = ROOT / "terraform"
 PROVIDERS = ROOT / "providers"
-AWS_MODULES = ("aws.py", "aws_events.py", "aws_notices.py", "aws_queue.py")
+AWS_MODULES = ("aws.py", "aws_events.py", "aws_gang.py", "aws_notices.py", "aws_queue.py")
 
 # boto3 service name -> IAM service prefix (where they differ, add them here)
 IAM_PREFIX = {"ec2": "ec2", "sqs": "sqs"}
@@ -61,6 +61,9 @@ IMPLIED: dict[str, dict[str, str]] = {
         "ec2:RunInstances": "an instant fleet launches through RunInstances as the caller",
         "ec2:CreateTags": "TagSpecifications on the fleet are authorised as CreateTags",
         "iam:PassRole": "a launch template's instance profile passes its role to EC2",
+    },
+    "ec2:CreatePlacementGroup": {
+        "ec2:CreateTags": "the gang's placement group is created with the fleet tag",
     },
     "compute.instances.create": {
         "compute.instances.setLabels": "the VM is created with the fleet's labels",

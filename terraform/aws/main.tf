@@ -37,6 +37,8 @@ locals {
     )
   ])
   instances = [for region in local.arn_regions : "arn:${local.partition}:ec2:${region}:${local.account}:instance/*"]
+  # The cluster placement groups a pool's placement_group: {create: true} makes for its gangs.
+  placement_groups = [for region in local.arn_regions : "arn:${local.partition}:ec2:${region}:${local.account}:placement-group/*"]
 }
 
 data "aws_iam_policy_document" "trust" {
@@ -85,6 +87,7 @@ data "aws_iam_policy_document" "controller" {
     actions = [
       "ec2:DescribeInstanceStatus",
       "ec2:DescribeInstances",
+      "ec2:DescribePlacementGroups",
       "ec2:DescribeSpotPriceHistory",
       "ec2:DescribeTags",
     ]
@@ -123,6 +126,37 @@ data "aws_iam_policy_document" "controller" {
       test     = "StringEquals"
       variable = "ec2:CreateAction"
       values   = ["CreateFleet", "RunInstances"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/gpu-autoscaler/fleet"
+      values   = [var.fleet_id]
+    }
+  }
+
+  # A gang's cluster placement group (providers/aws_gang.py), made only with our fleet tag and
+  # tagged only as it is made. Launching into an existing group is LaunchWithSharedResources.
+  statement {
+    sid       = "CreateOnlyFleetTaggedPlacementGroups"
+    effect    = "Allow"
+    actions   = ["ec2:CreatePlacementGroup"]
+    resources = local.placement_groups
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/gpu-autoscaler/fleet"
+      values   = [var.fleet_id]
+    }
+  }
+
+  statement {
+    sid       = "TagPlacementGroupsOnlyAtCreation"
+    effect    = "Allow"
+    actions   = ["ec2:CreateTags"]
+    resources = local.placement_groups
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = ["CreatePlacementGroup"]
     }
     condition {
       test     = "StringEquals"

@@ -1,0 +1,282 @@
+"""Gangs: a multi-node job's instances launched all or none, close together, on each cloud.
+
+AWS runs against moto behind ``aws_placement.PlacementProxy`` (moto has no placement groups),
+GCP and Azure against their emulators; every call is the real SDK over HTTP. What is shared by
+the three (whole gang, rollback of a partial one, idempotent retry) is also in the provider
+contract (test_provider_contract.py); here are each cloud's own paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from aws_placement import PlacementProxy
+from aws_support import REGION, Faults, inject, instance_tags
+
+from autoscaler.clock import ManualClock
+from autoscaler.errors import CapacityError, InputError, InvalidRequest, ThrottledError
+from autoscaler.model import InstanceState, Pool
+from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
+from providers.aws import AwsProvider
+from providers.placement import derived_name
+
+FLEET = "fleet-g"
+NOW = 1_700_000_000.0
+LIVE = (InstanceState.PENDING, InstanceState.RUNNING)
+
+
+@pytest.fixture(scope="session")
+def placement_proxy(moto_url: str) -> Iterator[PlacementProxy]:
+    proxy = PlacementProxy(moto_url)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def ec2_groups(aws: str, placement_proxy: PlacementProxy) -> PlacementProxy:
+    """A clean moto behind the placement-group proxy."""
+    placement_proxy.reset()
+    return placement_proxy
+
+
+# -- AWS ------------------------------------------------------------------------------------------
+
+
+def aws_pool(name: str = "p4d", *, fleet: bool = False, **placement: Any) -> Pool:
+    """Eight A100s a node: RunInstances for one shape in one zone, CreateFleet for several."""
+    options: dict[str, Any] = (
+        {
+            "instance_types": ["p4de.24xlarge"],
+            "zones": ["us-east-1a", "us-east-1b"],
+            "launch_template": {"name": "gpu"},
+        }
+        if fleet
+        else {"image_id": "ami-12c6146b"}
+    )
+    if placement:
+        options["placement_group"] = placement
+    return Pool(
+        name=name,
+        provider="aws",
+        region=REGION,
+        zone=None if fleet else "us-east-1a",
+        instance_type="p4d.24xlarge",
+        gpus_per_instance=8,
+        market="on-demand",  # type: ignore[arg-type]
+        options=options,
+    )
+
+
+def aws_provider(proxy: PlacementProxy, pools: list[Pool]) -> AwsProvider:
+    return AwsProvider.from_config({"endpoint_url": proxy.url}, pools, FLEET, ManualClock(NOW))
+
+
+def moto_instances(url: str) -> list[dict[str, Any]]:
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+
+
+def moto_alive(url: str) -> list[dict[str, Any]]:
+    return [i for i in moto_instances(url) if i["State"]["Name"] in ("pending", "running")]
+
+
+def gang_of(provider: Any) -> GangLauncher:
+    assert isinstance(provider, GangLauncher)
+    return provider
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["run-instances", "create-fleet"])
+def test_aws_gang_comes_up_whole_in_the_group_it_created(
+    ec2_groups: PlacementProxy, fleet: bool
+) -> None:
+    pool = aws_pool(fleet=fleet, create=True)
+    provider = aws_provider(ec2_groups, [pool])
+    result = gang_of(provider).launch_gang(pool, 3, "gang-1", FLEET)
+    assert len(result.instances) == 3 and result.shortfall is None and not result.already_existed
+    group = derived_name(FLEET, "p4d")
+    assert ec2_groups.created == [group]
+    (made,) = ec2_groups.groups.values()
+    assert made.strategy == "cluster"
+    assert made.tags == {FLEET_TAG: FLEET, POOL_TAG: "p4d"}
+    ids = sorted(i.id for i in result.instances)
+    assert {i: ec2_groups.group_of(i) for i in ids} == dict.fromkeys(ids, group)
+    for raw in moto_alive(ec2_groups.upstream_url):
+        tags = instance_tags(raw)
+        assert tags[FLEET_TAG] == FLEET and tags[POOL_TAG] == "p4d"
+        assert tags[REQUEST_TAG] == "gang-1" and float(tags[LAUNCHED_AT_TAG]) == NOW
+    assert sorted(i.id for i in provider.list_instances(FLEET)) == ids
+    if fleet:
+        assert (
+            len(
+                {
+                    raw["Placement"]["AvailabilityZone"]
+                    for raw in moto_alive(ec2_groups.upstream_url)
+                }
+            )
+            == 1
+        )
+
+
+def test_aws_gang_goes_into_a_named_group_and_never_creates_one(
+    ec2_groups: PlacementProxy,
+) -> None:
+    ec2_groups.add_group("hpc-rack-7")
+    pool = aws_pool(name="hpc")
+    pool = pool.model_copy(
+        update={"options": {**pool.options, "placement_group": {"name": "hpc-rack-7"}}}
+    )
+    result = gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 2, "gang-n", FLEET)
+    assert {ec2_groups.group_of(i.id) for i in result.instances} == {"hpc-rack-7"}
+    assert ec2_groups.created == []
+
+
+def test_aws_a_named_group_that_does_not_exist_is_a_config_mistake(
+    ec2_groups: PlacementProxy,
+) -> None:
+    pool = aws_pool(name="hpc")
+    pool = pool.model_copy(
+        update={"options": {**pool.options, "placement_group": {"name": "nowhere"}}}
+    )
+    with pytest.raises(InvalidRequest, match="placement group 'nowhere' does not exist"):
+        gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 2, "gang-x", FLEET)
+    assert moto_instances(ec2_groups.upstream_url) == []
+    assert "RunInstances" not in ec2_groups.operations()
+
+
+def test_aws_group_is_reused_across_gangs_and_restarts(ec2_groups: PlacementProxy) -> None:
+    pool = aws_pool(create=True)
+    provider = aws_provider(ec2_groups, [pool])
+    gang_of(provider).launch_gang(pool, 2, "gang-a", FLEET)
+    gang_of(provider).launch_gang(pool, 2, "gang-b", FLEET)
+    restarted = aws_provider(ec2_groups, [pool])
+    gang_of(restarted).launch_gang(pool, 2, "gang-c", FLEET)
+    operations = ec2_groups.operations()
+    assert operations.count("CreatePlacementGroup") == 1
+    assert operations.count("DescribePlacementGroups") == 2, "once per provider object"
+    assert (
+        len({ec2_groups.group_of(i["InstanceId"]) for i in moto_alive(ec2_groups.upstream_url)})
+        == 1
+    )
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["run-instances", "create-fleet"])
+def test_aws_a_gang_that_comes_up_short_is_terminated_whole(
+    ec2_groups: PlacementProxy, fleet: bool
+) -> None:
+    pool = aws_pool(fleet=fleet, create=True)
+    provider = aws_provider(ec2_groups, [pool])
+    ec2_groups.come_up(2)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(provider).launch_gang(pool, 4, "gang-short", FLEET)
+    assert caught.value.pool == "p4d"
+    launched = moto_instances(ec2_groups.upstream_url)
+    assert len(launched) == 2, "two came up..."
+    assert moto_alive(ec2_groups.upstream_url) == [], "...and both were terminated"
+    assert [i for i in provider.list_instances(FLEET) if i.state in LIVE] == []
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["run-instances", "create-fleet"])
+def test_aws_all_or_nothing_refused_for_capacity_launches_nothing(
+    ec2_groups: PlacementProxy, fleet: bool
+) -> None:
+    pool = aws_pool(fleet=fleet, create=True)
+    ec2_groups.refuse_over(3)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 4, "gang-big", FLEET)
+    assert caught.value.code == "InsufficientInstanceCapacity"
+    assert moto_instances(ec2_groups.upstream_url) == []
+    smaller = gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 3, "gang-fits", FLEET)
+    assert len(smaller.instances) == 3
+
+
+def test_aws_members_the_answer_left_out_are_found_by_tag_and_terminated(
+    ec2_groups: PlacementProxy,
+) -> None:
+    """EC2 launched the whole gang but the answer lists only one: the rest must not be left
+    running unseen."""
+    pool = aws_pool(create=True)
+    provider = aws_provider(ec2_groups, [pool])
+
+    def one_only(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["Instances"] = parsed["Instances"][:1]
+
+    provider.client("ec2", REGION).meta.events.register("after-call.ec2.RunInstances", one_only)
+    with pytest.raises(CapacityError):
+        gang_of(provider).launch_gang(pool, 3, "gang-hidden", FLEET)
+    assert len(moto_instances(ec2_groups.upstream_url)) == 3
+    assert moto_alive(ec2_groups.upstream_url) == []
+
+
+def test_aws_retry_returns_the_whole_gang_and_launches_nothing_more(
+    ec2_groups: PlacementProxy,
+) -> None:
+    pool = aws_pool(create=True)
+    first = gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    again = gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    assert again.already_existed
+    assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
+    assert ec2_groups.operations().count("RunInstances") == 1
+    assert len(moto_alive(ec2_groups.upstream_url)) == 3
+
+
+def test_aws_retry_that_finds_part_of_a_gang_terminates_it_and_buys_nothing(
+    ec2_groups: PlacementProxy,
+) -> None:
+    pool = aws_pool(create=True)
+    launched = gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    boto3.client(
+        "ec2", region_name=REGION, endpoint_url=ec2_groups.upstream_url
+    ).terminate_instances(InstanceIds=[launched.instances[0].id])
+    with pytest.raises(CapacityError) as caught:
+        gang_of(aws_provider(ec2_groups, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    assert caught.value.code == "GangIncomplete"
+    assert moto_alive(ec2_groups.upstream_url) == []
+    assert ec2_groups.operations().count("RunInstances") == 1
+
+
+def test_aws_a_rollback_cut_short_is_finished_by_the_retry(ec2_groups: PlacementProxy) -> None:
+    pool = aws_pool(create=True)
+    provider = aws_provider(ec2_groups, [pool])
+    ec2_groups.come_up(1)
+    faults = Faults(planned=["throttle"])
+    stop = inject(provider.client("ec2", REGION), "TerminateInstances", faults)
+    with pytest.raises(ThrottledError):
+        gang_of(provider).launch_gang(pool, 2, "gang-t", FLEET)
+    assert len(moto_alive(ec2_groups.upstream_url)) == 1, "the rollback could not finish"
+    stop()
+    ec2_groups.come_up(None)
+    with pytest.raises(CapacityError, match="found with 1 of 2"):
+        gang_of(provider).launch_gang(pool, 2, "gang-t", FLEET)
+    assert moto_alive(ec2_groups.upstream_url) == []
+
+
+def test_aws_gang_without_a_placement_option_is_still_all_or_nothing(
+    ec2_groups: PlacementProxy,
+) -> None:
+    pool = aws_pool()
+    provider = aws_provider(ec2_groups, [pool])
+    # moto launches exactly MinCount: two instances mean the gang asked for MinCount=2
+    result = gang_of(provider).launch_gang(pool, 2, "gang-u", FLEET)
+    assert len(result.instances) == 2
+    assert {ec2_groups.group_of(i.id) for i in result.instances} == {None}
+    assert "DescribePlacementGroups" not in ec2_groups.operations()
+
+
+@pytest.mark.parametrize(
+    ("placement", "message"),
+    [
+        ({}, "give the name of an existing group, or create: true"),
+        ({"name": "has space"}, "expected up to 255 printable ASCII"),
+        ({"create": True, "strategy": "spread"}, "unknown field"),
+    ],
+)
+def test_aws_placement_option_is_checked(placement: dict[str, Any], message: str) -> None:
+    pool = aws_pool()
+    pool = pool.model_copy(update={"options": {**pool.options, "placement_group": placement}})
+    with pytest.raises(InputError, match=r"pools\[0\]\.options\.placement_group") as caught:
+        AwsProvider.from_config({}, [pool], FLEET)
+    assert message in str(caught.value)
