@@ -55,6 +55,8 @@ def test_settings_errors_name_the_field() -> None:
         SlurmAdapter.from_config({"command_timeout_s": 0}, "hpc")
     with pytest.raises(InputError, match=r"sources\.hpc\.bin_dir"):
         SlurmAdapter.from_config({"bin_dir": "relative/bin"}, "hpc")
+    with pytest.raises(InputError, match=r"sources\.hpc\.feature_gpu_memory_gib\.gpu80g"):
+        SlurmAdapter.from_config({"feature_gpu_memory_gib": {"gpu80g": -80}}, "hpc")
 
 
 def test_pending_gpu_jobs_become_demand_groups(
@@ -81,13 +83,20 @@ def test_pending_gpu_jobs_become_demand_groups(
     groups = adapter(high_priority_min=1000, gpu_models={"a100": "A100"}).read(after)
 
     shapes = {
-        (g.gpus_per_job, g.jobs, g.checkpoint_interval_s, g.high_priority, g.gpu_model, g.partition)
+        (
+            g.gpus_per_job,
+            g.jobs,
+            g.checkpoint_interval_s,
+            g.high_priority,
+            g.gpu_models,
+            g.partition,
+        )
         for g in groups
     }
     assert shapes == {
-        (2, 2 + 4, None, False, None, "gpu"),
-        (2, 1, None, True, None, "gpu"),
-        (4, 1, 600.0, False, "A100", "onprem"),
+        (2, 2 + 4, None, False, (), "gpu"),
+        (2, 1, None, True, (), "gpu"),
+        (4, 1, 600.0, False, ("A100",), "onprem"),
     }
     assert sum(g.gpus for g in groups) == 2 * 2 + 2 + 4 * 2 + 4
     assert all(int(before) <= g.oldest_submit_time <= after for g in groups)
@@ -96,6 +105,91 @@ def test_pending_gpu_jobs_become_demand_groups(
     assert sum(g.jobs for g in counted_held) == sum(g.jobs for g in groups) + 1
     only_onprem = adapter(partitions=["onprem"]).read(after)
     assert [(g.gpus_per_job, g.jobs, g.partition) for g in only_onprem] == [(4, 1, "onprem")]
+
+
+@pytest.fixture
+def featured_nodes(slurm_cluster: SlurmCluster) -> Iterator[None]:
+    """gpu-a carries the features ``a100,gpu80g`` and gpu-b ``h100,nvlink`` for the test (Slurm
+    refuses a constraint no node has); afterwards neither has any."""
+    features = {"gpu-a": "a100,gpu80g", "gpu-b": "h100,nvlink"}
+    try:
+        for node, names in features.items():
+            slurm_cluster.run(
+                "scontrol",
+                "update",
+                f"nodename={node}",
+                f"AvailableFeatures={names}",
+                f"ActiveFeatures={names}",
+            )
+        yield
+    finally:
+        slurm_cluster.run(
+            "scontrol",
+            "update",
+            f"nodename={','.join(features)}",
+            "AvailableFeatures=",
+            "ActiveFeatures=",
+        )
+
+
+SHAPE_SETTINGS: dict[str, Any] = {
+    "gpu_models": {"a100": "A100"},
+    "feature_gpu_models": {"a100": "A100", "h100": "H100"},
+    "feature_gpu_memory_gib": {"gpu80g": 80},
+}
+
+
+def test_multi_node_typed_and_constrained_jobs_carry_their_shapes(
+    adapter: AdapterFactory, slurm_cluster: SlurmCluster, featured_nodes: None
+) -> None:
+    _drain_onprem(slurm_cluster)
+    submitted = {
+        "gang": ("--nodes=2", "--gres=gpu:2"),
+        "spread": ("-N", "2", "--gpus=6"),
+        "typed": ("--nodes=2-4", "--gres=gpu:a100:1"),
+        "bigger than the partition": ("-N", "3", "--gres=gpu:a100:4"),
+        "either model": ("--gres=gpu:1", "--constraint=a100|h100"),
+        "memory": ("--gres=gpu:1", "--constraint=[a100|h100]&gpu80g"),
+        "untyped feature": ("--gres=gpu:1", "--constraint=nvlink"),
+    }
+    ids = {
+        name: slurm_cluster.sbatch(*args, "--wrap", "sleep 60") for name, args in submitted.items()
+    }
+    wait_for(
+        "the 3-node job to wait for its partition to grow",
+        lambda: (
+            slurm_cluster.job_field(ids["bigger than the partition"], "Reason")
+            == "PartitionNodeLimit"
+        ),
+    )
+
+    groups = adapter(**SHAPE_SETTINGS).read(time.time())
+
+    shapes = {(g.gpus_per_job, g.nodes, g.gpu_models, g.min_gpu_memory_gib, g.jobs) for g in groups}
+    assert shapes == {
+        (4, 2, (), None, 1),
+        (6, 2, (), None, 1),
+        (2, 2, ("A100",), None, 1),
+        (12, 3, ("A100",), None, 1),
+        (1, 1, ("A100", "H100"), None, 1),
+        (1, 1, ("A100", "H100"), 80.0, 1),
+        (1, 1, (), None, 1),
+    }
+    assert all(g.gpus_per_node * g.nodes == g.gpus_per_job for g in groups)
+    gang = next(g for g in groups if g.gpus_per_job == 12)
+    assert gang.shape.describe() == "4 GPU(s) of A100"
+    limited = adapter(**SHAPE_SETTINGS, ignored_reasons=["PartitionNodeLimit"]).read(time.time())
+    assert {g.nodes for g in limited} == {1, 2}, "a site may still ignore the reason"
+    plain = adapter(gpu_models={"a100": "A100"}).read(time.time())
+    assert {(g.gpu_models, g.min_gpu_memory_gib) for g in plain} == {((), None), (("A100",), None)}
+
+
+def test_onprem_nodes_carry_gpu_memory_from_their_features(
+    adapter: AdapterFactory, featured_nodes: None
+) -> None:
+    nodes = {n.name: n for n in adapter(**SHAPE_SETTINGS).read_nodes(time.time()).onprem}
+    assert (nodes["gpu-a"].gpu_model, nodes["gpu-a"].gpu_memory_gib) == ("A100", 80.0)
+    assert (nodes["gpu-b"].gpu_model, nodes["gpu-b"].gpu_memory_gib) == ("A100", None)
 
 
 def test_onprem_nodes_report_gpus_allocation_and_state(
@@ -301,3 +395,25 @@ def test_many_nodes_are_drained_in_one_command(
         assert slurm_cluster.node_field(node, "Reason").startswith("zone")
     with pytest.raises(SourceError, match="not a node name"):
         slurm.drain_many(["ok-node", "bad node"], "x")
+
+
+def test_unreadable_partition_limits_are_one_clear_source_error(
+    fake_bin: Callable[[str, str], SlurmAdapter],
+) -> None:
+    fake_bin(
+        "squeue",
+        'echo \'{"jobs": [{"job_id": 7, "job_state": "PENDING", "state_reason": '
+        '"PartitionNodeLimit", "partition": "gpu", "tres_per_node": "gres:gpu:1", '
+        '"node_count": 3, "submit_time": 1}]}\'\n',
+    )
+    slurm = fake_bin("scontrol", "echo 'PartitionName=gpu MinNodes=0 MaxNodes=lots'\n")
+    with pytest.raises(
+        SourceError,
+        match=r"^scontrol show partition: partition gpu: MinNodes=0 MaxNodes=lots are not node",
+    ):
+        slurm.read(0.0)
+    slurm = fake_bin("scontrol", "echo 'PartitionName=gpu MinNodes=0 MaxNodes=2'\n")
+    assert slurm.read(0.0) == []
+    slurm = fake_bin("scontrol", "echo 'PartitionName=gpu MinNodes=0 MaxNodes=UNLIMITED'\n")
+    (group,) = slurm.read(0.0)
+    assert (group.nodes, group.gpus_per_job) == (3, 3)

@@ -1,10 +1,14 @@
 """Reading ``squeue --json`` and ``sinfo --json``: the captured outputs of the test cluster
-(tests/data/slurm, Slurm 22.05.8), malformed documents, and invariants over generated queues."""
+(tests/data/slurm, Slurm 22.05.8: ``squeue.json``/``sinfo.json``, and ``squeue-shapes.json``/
+``sinfo-shapes.json`` with multi-node, gres-typed and ``--constraint`` jobs and node features),
+malformed documents, constraints, and invariants over generated queues."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoscaler.model import DemandGroup
 from autoscaler.sources import SourceError, aggregate
 from autoscaler.sources.slurm import DEFAULT_IGNORED_REASONS
+from autoscaler.sources.slurm_features import FeatureSyntaxError, GpuNeeds, gpu_needs
 from autoscaler.sources.slurm_json import (
     DemandRules,
+    NodeRules,
     active_jobs_on,
     count_array_tasks,
     demand_groups,
@@ -29,12 +36,22 @@ from autoscaler.sources.slurm_json import (
 DATA = Path(__file__).parent / "data" / "slurm"
 SQUEUE = (DATA / "squeue.json").read_text()
 SINFO = (DATA / "sinfo.json").read_text()
+SQUEUE_SHAPES = (DATA / "squeue-shapes.json").read_text()
+SINFO_SHAPES = (DATA / "sinfo-shapes.json").read_text()
 RULES = DemandRules(ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS), high_priority_min=1000)
 
 
 def shapes(groups: Any) -> set[tuple[Any, ...]]:
     return {
-        (g.gpus_per_job, g.jobs, g.checkpoint_interval_s, g.high_priority, g.gpu_model, g.partition)
+        (
+            g.gpus_per_job,
+            g.jobs,
+            g.checkpoint_interval_s,
+            g.high_priority,
+            g.gpu_models,
+            g.partition,
+            g.nodes,
+        )
         for g in groups
     }
 
@@ -43,13 +60,13 @@ def test_the_captured_queue_folds_into_its_shapes() -> None:
     groups = demand_groups(SQUEUE, RULES)
 
     assert shapes(groups) == {
-        (1, 3, None, False, None, "gpu"),
-        (2, 1, None, False, None, "gpu"),
-        (2, 1, 600.0, False, None, "gpu"),
-        (3, 2, None, False, None, "gpu"),
-        (4, 1, None, False, None, "gpu"),
-        (4, 1, 300.0, True, None, "gpu"),
-        (4, 1, 900.0, False, "a100", "onprem"),
+        (1, 3, None, False, (), "gpu", 1),
+        (2, 1, None, False, (), "gpu", 1),
+        (2, 1, 600.0, False, (), "gpu", 1),
+        (3, 2, None, False, (), "gpu", 1),
+        (4, 1, None, False, (), "gpu", 2),
+        (4, 1, 300.0, True, (), "gpu", 1),
+        (4, 1, 900.0, False, ("a100",), "onprem", 1),
     }
     assert [g.gpus_per_job for g in groups] == sorted(g.gpus_per_job for g in groups)
 
@@ -59,17 +76,17 @@ def test_jobs_carry_checkpoint_duration_and_array_tasks() -> None:
 
     assert jobs["5"].checkpoint_interval_s == 900.0
     assert jobs["5"].checkpoint_duration_s == 45.0
-    assert jobs["5"].gpu_model == "a100"
+    assert jobs["5"].gpu_models == ("a100",)
     assert sorted(i for i in jobs if i.startswith("7_")) == ["7_0", "7_1", "7_2"]
     assert jobs["8"].gpus == 3
-    assert jobs["9"].gpus == 4
+    assert (jobs["9"].gpus, jobs["9"].nodes, jobs["9"].shape.gpus) == (4, 2, 2)
     assert "10" not in jobs and "11" not in jobs and "12" not in jobs
     assert "2" not in jobs
 
 
 def test_gpu_model_names_map_to_the_pools() -> None:
     rules = DemandRules(gpu_models={"a100": "A100"})
-    assert {g.gpu_model for g in demand_groups(SQUEUE, rules)} == {None, "A100"}
+    assert {g.gpu_models for g in demand_groups(SQUEUE, rules)} == {(), ("A100",)}
 
 
 def test_the_captured_nodes_split_into_onprem_and_cloud() -> None:
@@ -157,8 +174,16 @@ def _job(job_id: int, **fields: Any) -> dict[str, Any]:
             r"^squeue --json: job 7: submit_time 'yesterday' is not an integer$",
         ),
         (
-            _document(_job(8, node_count=None)),
-            r"^squeue --json: job 8: node_count None is not an integer$",
+            _document(_job(8, node_count="two")),
+            r"^squeue --json: job 8: node_count 'two' is not an integer$",
+        ),
+        (
+            _document(_job(11, node_count=-3)),
+            r"^squeue --json: job 11: node_count -3 is not a count$",
+        ),
+        (
+            _document(_job(12, tres_per_node="", tres_per_task="gres:gpu:1", tasks=-1)),
+            r"^squeue --json: job 12: tasks -1 is not a count$",
         ),
         (_document(_job(9, job_state=3)), r"^squeue --json: job 9: job_state 3 is not a state$"),
         (_document("job"), r"^squeue --json: job \?: is a JSON str, not an object$"),
@@ -218,12 +243,24 @@ def test_any_comment_reads_without_error(comment: str) -> None:
     assert found.interval_s is None or (math.isfinite(found.interval_s) and found.interval_s > 0)
 
 
+FEATURE_RULES = DemandRules(
+    ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS),
+    high_priority_min=1000,
+    gpu_models={"a100": "A100"},
+    feature_gpu_models={"a100": "A100", "h100": "H100"},
+    feature_gpu_memory_gib={"gpu80g": 80.0, "gpu40g": 40.0},
+)
+
 job_specs = st.fixed_dictionaries(
     {
         "gpus": st.integers(0, 8),
         "where": st.sampled_from(["tres_per_node", "tres_per_job", "tres_per_task"]),
-        "multiplier": st.integers(1, 4),
+        "nodes": st.integers(1, 4),
+        "tasks": st.integers(1, 4),
         "model": st.sampled_from([None, "a100", "h100"]),
+        "features": st.sampled_from(
+            ["", "a100|h100", "[a100|h100]&gpu80g", "nvlink", "h100*1&gpu40g", "(a100)"]
+        ),
         "state": st.sampled_from(["PENDING", "PENDING", "RUNNING", "COMPLETED"]),
         "reason": st.sampled_from(["Priority", "Resources", "Dependency", "JobHeldUser"]),
         "partition": st.sampled_from(["gpu", "onprem", "gpu,onprem"]),
@@ -242,8 +279,9 @@ def _spec_job(job_id: int, spec: dict[str, Any]) -> dict[str, Any]:
         "tres_per_job": "",
         "tres_per_task": "",
         spec["where"]: gres + str(spec["gpus"]) if gres else "",
-        "node_count": spec["multiplier"] if spec["where"] == "tres_per_node" else 1,
-        "tasks": spec["multiplier"] if spec["where"] == "tres_per_task" else 1,
+        "node_count": spec["nodes"],
+        "tasks": spec["tasks"],
+        "features": spec["features"],
         "job_state": spec["state"],
         "state_reason": spec["reason"],
         "partition": spec["partition"],
@@ -257,11 +295,19 @@ def _spec_job(job_id: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _expected_gpus(spec: dict[str, Any]) -> int:
+    """What the job counts for: every node needs the same GPUs, so a total that does not split
+    evenly over the nodes is counted as the larger share on each."""
     if spec["state"] != "PENDING" or spec["reason"] in ("Dependency", "JobHeldUser"):
         return 0
-    per_job = spec["gpus"] * (1 if spec["where"] == "tres_per_job" else spec["multiplier"])
+    nodes = spec["nodes"]
+    if spec["where"] == "tres_per_node":
+        per_node = spec["gpus"]
+    elif spec["where"] == "tres_per_job":
+        per_node = math.ceil(spec["gpus"] / nodes)
+    else:
+        per_node = math.ceil(spec["gpus"] * spec["tasks"] / nodes)
     tasks = {"": 1, "0-9": 10, "0-9%3": 3, "1,5,7": 3}[spec["array"][0]]
-    return int(per_job * tasks)
+    return int(per_node * nodes * tasks)
 
 
 @settings(max_examples=60, deadline=None)
@@ -270,14 +316,210 @@ def test_groups_hold_every_pending_gpu_whatever_the_order(
     specs: list[dict[str, Any]], random: Any
 ) -> None:
     jobs = [_spec_job(i + 1, spec) for i, spec in enumerate(specs)]
-    groups = demand_groups(_document(*jobs), RULES)
+    for rules in (RULES, FEATURE_RULES):
+        groups = demand_groups(_document(*jobs), rules)
 
-    assert sum(g.gpus for g in groups) == sum(_expected_gpus(s) for s in specs)
-    assert groups == aggregate(pending_jobs(_document(*jobs), RULES))
-    random.shuffle(jobs)
-    assert demand_groups(_document(*jobs), RULES) == groups
-    keys = [
-        (g.gpus_per_job, g.checkpoint_interval_s, g.high_priority, g.gpu_model, g.partition)
-        for g in groups
-    ]
-    assert len(keys) == len(set(keys))
+        assert sum(g.gpus for g in groups) == sum(_expected_gpus(s) for s in specs)
+        assert groups == aggregate(pending_jobs(_document(*jobs), rules))
+        for group in groups:
+            assert DemandGroup.model_validate(group.model_dump()) == group
+            assert group.gpus_per_node * group.nodes == group.gpus_per_job
+            assert list(group.gpu_models) == sorted(set(group.gpu_models))
+        assert demand_groups(_document(*random.sample(jobs, len(jobs))), rules) == groups
+        keys = [
+            (
+                g.gpus_per_job,
+                g.checkpoint_interval_s,
+                g.high_priority,
+                g.gpu_models,
+                g.partition,
+                g.nodes,
+                g.min_gpu_memory_gib,
+            )
+            for g in groups
+        ]
+        assert len(keys) == len(set(keys))
+
+
+SHAPES_RULES = DemandRules(
+    ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS),
+    gpu_models={"a100": "A100"},
+    feature_gpu_models={"a100": "A100", "h100": "H100"},
+    feature_gpu_memory_gib={"gpu80g": 80.0},
+    partition_nodes={"gpu": (0, None), "onprem": (0, None)},
+)
+
+
+def _shapes_by_job(rules: DemandRules) -> dict[str, tuple[Any, ...]]:
+    return {
+        j.id: (j.gpus, j.nodes, j.gpu_models, j.min_gpu_memory_gib)
+        for j in pending_jobs(SQUEUE_SHAPES, rules)
+    }
+
+
+def test_the_captured_multi_node_and_constrained_jobs_carry_their_shapes() -> None:
+    """tests/data/slurm/squeue-shapes.json: the test cluster's jobs as submitted (both on-prem
+    nodes drained so all stay pending; gpu-a has features a100,gpu80g and gpu-b h100,nvlink)."""
+    assert _shapes_by_job(SHAPES_RULES) == {
+        "17": (4, 2, (), None),  # -N 2 --gres=gpu:2
+        "18": (6, 2, (), None),  # -N 2 --gpus=6
+        "19": (2, 2, ("A100",), None),  # -N 2-4 --gres=gpu:a100:1: its minimum of nodes
+        "20": (12, 3, ("A100",), None),  # -N 3 --gres=gpu:a100:4 (PartitionNodeLimit)
+        "21": (4, 2, (), None),  # -N 2 -n 4 --gpus-per-task=1
+        "22": (4, 2, (), None),  # -N 2 --gpus=3: 2 of each node
+        "23": (1, 1, ("A100", "H100"), None),  # --constraint=a100|h100
+        "24": (1, 1, ("A100", "H100"), 80.0),  # --constraint=[a100|h100]&gpu80g
+        "25": (2, 1, ("A100",), None),  # --gres=gpu:a100:2 --constraint=a100|h100
+        "26": (2, 2, ("A100+H100",), None),  # -N 2 --constraint=a100*1&h100*1
+        "27": (1, 1, (), None),  # --constraint=nvlink (not a GPU feature)
+        "28": (4, 1, ("A100",), 80.0),  # -p onprem --gres=gpu:a100:4 --constraint=gpu80g
+    }
+    groups = demand_groups(SQUEUE_SHAPES, SHAPES_RULES)
+    two_nodes = next(g for g in groups if g.nodes == 2 and not g.gpu_models)
+    assert (two_nodes.jobs, two_nodes.gpus_per_node, two_nodes.shape.gpus) == (3, 2, 2)
+    onprem = next(g for g in groups if g.partition == "onprem")
+    assert (onprem.checkpoint_interval_s, onprem.shape.min_gpu_memory_gib) == (600.0, 80.0)
+    assert onprem.shape.describe() == "4 GPU(s) of A100 with >= 80 GiB each"
+
+
+def test_without_feature_names_the_constraint_is_not_read() -> None:
+    rules = replace(SHAPES_RULES, feature_gpu_models={}, feature_gpu_memory_gib={})
+    jobs = _shapes_by_job(rules)
+    assert jobs["24"] == (1, 1, (), None)
+    assert jobs["26"] == (2, 2, (), None)
+    assert jobs["28"] == (4, 1, ("A100",), None)
+
+
+def test_a_job_larger_than_its_partition_is_demand_only_within_the_partitions_limits() -> None:
+    """Job 20 (-N 3) waits for PartitionNodeLimit because the partition has two nodes today."""
+    assert "20" in _shapes_by_job(SHAPES_RULES)
+    for limits in (None, {"gpu": (0, 2)}, {"gpu": (4, None)}, {"other": (0, None)}):
+        assert "20" not in _shapes_by_job(replace(SHAPES_RULES, partition_nodes=limits))
+    assert "20" in _shapes_by_job(replace(SHAPES_RULES, partition_nodes={"gpu": (1, 3)}))
+    ignored = replace(
+        SHAPES_RULES, ignored_reasons=SHAPES_RULES.ignored_reasons | {"PartitionNodeLimit"}
+    )
+    assert "20" not in _shapes_by_job(ignored)
+
+
+def test_node_features_give_gpu_memory_and_a_model_where_gres_has_no_type() -> None:
+    rules = NodeRules(
+        "gpu-autoscaler",
+        gpu_models={"a100": "A100"},
+        feature_gpu_models={"a100": "A100", "h100": "H100"},
+        feature_gpu_memory_gib={"gpu80g": 80.0},
+    )
+    nodes = {n.name: n for n in onprem_nodes(read_nodes(SINFO_SHAPES, rules))}
+    assert (nodes["gpu-a"].gpu_model, nodes["gpu-a"].gpu_memory_gib) == ("A100", 80.0)
+    assert (nodes["gpu-b"].gpu_model, nodes["gpu-b"].gpu_memory_gib) == ("A100", None)
+
+    untyped = json.loads(SINFO_SHAPES)
+    for node in untyped["nodes"]:
+        node["gres"] = "gpu:4"
+    listed = {n["name"]: n for n in untyped["nodes"]}
+    listed["gpu-a"]["features"] = ["h100", "gpu80g", "gpu40g-slice"]
+    found = {n.name: n for n in read_nodes(json.dumps(untyped), rules)}
+    assert (found["gpu-a"].gpu_model, found["gpu-a"].gpu_memory_gib) == ("H100", 80.0)
+    assert found["gpu-b"].gpu_model == "H100"
+    listed["gpu-b"]["features"] = 7
+    with pytest.raises(SourceError, match=r"^sinfo --json: node gpu-b: features 7 is not a"):
+        read_nodes(json.dumps(untyped), rules)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "gres_model", "models", "memory"),
+    [
+        ("a100|h100", None, ("A100", "H100"), None),
+        ("[a100|h100]&gpu80g", None, ("A100", "H100"), 80.0),
+        ("(a100&gpu80g)|h100", None, ("A100", "H100"), 80.0),
+        ("(a100&gpu40g)|(h100&gpu80g)", None, ("A100", "H100"), 80.0),
+        ("a100|nvlink", None, ("A100",), None),
+        ("nvlink&ib", None, (), None),
+        ("!a100", None, (), None),
+        ("a100&sxm4", None, ("A100+SXM4",), None),
+        ("a100&a100-80", None, ("A100-80GB",), None),
+        ("h100|a100", "A100", ("A100",), None),
+        ("h100", "A100", ("A100+H100",), None),
+        ("gpu80g", "A100", ("A100",), 80.0),
+        ("a100*2&gpu80g*2", None, ("A100",), 80.0),
+        ("a100|h100&gpu80g", None, ("A100", "H100"), 80.0),
+        ("", None, (), None),
+    ],
+)
+def test_what_a_constraint_asks_of_each_nodes_gpus(
+    constraint: str, gres_model: str | None, models: tuple[str, ...], memory: float | None
+) -> None:
+    names = {"a100": "A100", "h100": "H100", "sxm4": "SXM4", "a100-80": "A100-80GB"}
+    sizes = {"gpu80g": 80.0, "gpu40g": 40.0}
+    assert gpu_needs(constraint, names, sizes, gres_model) == GpuNeeds(models, memory)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "complaint"),
+    [
+        ("a100|(h100", "no closing ')'"),
+        ("a100,h100", "unexpected ','"),
+        ("a100)", "')' where '&' or '|' was expected"),
+        ("*3", "'*3' where a feature was expected"),
+        ("a100|", "it ends too soon"),
+        ("a100\x00", "unexpected '\\x00'"),
+        ("x" * 2000, "longer than 1024"),
+    ],
+)
+def test_an_unreadable_constraint_fails_the_read_naming_job_and_field(
+    constraint: str, complaint: str
+) -> None:
+    text = _document(_job(1), _job(77, features=constraint))
+    with pytest.raises(SourceError) as failure:
+        demand_groups(text, FEATURE_RULES)
+    message = str(failure.value)
+    assert message.startswith("squeue --json: job 77: features ")
+    assert complaint in message and "\n" not in message
+    assert [g.jobs for g in demand_groups(text, RULES)] == [2], "unread without feature names"
+
+
+@given(st.text(alphabet="a1|&()[]*!, h0g8", max_size=40))
+def test_any_constraint_reads_or_fails_with_one_line(constraint: str) -> None:
+    try:
+        needs = gpu_needs(constraint, {"a1": "A1", "h0": "H0"}, {"g8": 8.0})
+    except FeatureSyntaxError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert set(needs.gpu_models) <= {"A1", "H0", "A1+H0"}
+    assert needs.min_gpu_memory_gib in (None, 8.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "nodes"),
+    [
+        ({"node_count": None}, 1),
+        ({"node_count": 0}, 1),
+        ({"node_count": 0xFFFFFFFE}, 1),
+        ({"node_count": {"set": False, "infinite": False, "number": 0}}, 1),
+        ({"node_count": {"set": True, "infinite": False, "number": 4}}, 4),
+        ({"tres_per_node": "", "tres_per_task": "gres:gpu:1", "tasks": None}, 1),
+    ],
+)
+def test_slurms_unset_counts_read_as_one(fields: dict[str, Any], nodes: int) -> None:
+    """22.05 prints a count it has not set (NO_VAL) as null, as the captured document shows for
+    ``tasks``; later releases print ``{"set": false}``."""
+    (job,) = pending_jobs(_document(_job(5, **fields)), RULES)
+    assert job.nodes == nodes
+
+
+def test_an_absurd_request_is_left_out_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    text = _document(
+        _job(1, tres_per_node="gres:gpu:2"),
+        _job(2, node_count=1_000_000),
+        _job(3, tres_per_node="gres:gpu:50000"),
+        _job(4, tres_per_node="", tres_per_job="gres:gpu:9000000", node_count=2),
+    )
+    with caplog.at_level(logging.WARNING):
+        groups = demand_groups(text, RULES)
+    assert [(g.gpus, g.jobs) for g in groups] == [(2, 1)]
+    (record,) = [r for r in caplog.records if "not counted" in r.getMessage()]
+    message = record.getMessage()
+    assert message.startswith("squeue --json: 3 pending job(s) not counted as demand: job 2: ")
+    assert "node_count 1000000 is more than 100,000 nodes" in message
+    assert "job 3: asks 50,000 GPUs of each node" in message
+    assert "job 4: asks 4,500,000 GPUs" in message

@@ -18,18 +18,21 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, field_validator
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup, OnPremUse, Placement
 from autoscaler.sources import NodeReading, NodeUsage, RunningJob, SourceError
 from autoscaler.sources.slurm_json import (
+    NODE_LIMIT_REASON,
     DemandRules,
     NodeGpus,
+    NodeRules,
     active_jobs_on,
     demand_groups,
     load_document,
@@ -48,7 +51,6 @@ DEFAULT_IGNORED_REASONS = (
     "PartitionDown",
     "PartitionInactive",
     "PartitionTimeLimit",
-    "PartitionNodeLimit",
     "InvalidAccount",
     "InvalidQOS",
     "AccountNotAllowed",
@@ -64,6 +66,7 @@ _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 log = logging.getLogger(__name__)
+_QUOTED_NODE_LIMIT = f'"{NODE_LIMIT_REASON}"'.encode()
 REQUEUE_RELEASE_S = 10.0
 DRAIN_BATCH = 200
 
@@ -94,6 +97,16 @@ class SlurmSettings(BaseModel):
     )
     gpu_models: dict[str, str] = Field(
         default_factory=dict, description="Slurm gres type -> the pools' gpu_model (a100: A100)"
+    )
+    feature_gpu_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="node feature -> the pools' gpu_model it names (h100: H100), read from "
+        "jobs' --constraint and from nodes whose gres has no type",
+    )
+    feature_gpu_memory_gib: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="node feature -> the GPU memory per GPU it stands for (gpu80g: 80), read "
+        "from jobs' --constraint (a minimum) and from nodes' features",
     )
     cloud_weight_last: NonNegativeInt = Field(
         1000, description="cloud node weight while on-prem is preferred (higher is used later)"
@@ -133,6 +146,14 @@ class SlurmAdapter:
             gpu_models=dict(settings.gpu_models),
             checkpoint_keys=(settings.checkpoint_interval_key, settings.checkpoint_duration_key),
             checkpoint_signal_key=settings.checkpoint_signal_key,
+            feature_gpu_models=dict(settings.feature_gpu_models),
+            feature_gpu_memory_gib=dict(settings.feature_gpu_memory_gib),
+        )
+        self.node_rules = NodeRules(
+            settings.cloud_feature,
+            dict(settings.gpu_models),
+            dict(settings.feature_gpu_models),
+            dict(settings.feature_gpu_memory_gib),
         )
         self._empty_since: dict[str, float] = {}
         self._env = dict(os.environ)
@@ -176,7 +197,34 @@ class SlurmAdapter:
         return done.stdout
 
     def read(self, now: float) -> Sequence[DemandGroup]:
-        return demand_groups(self._run("squeue", "--json"), self.rules)
+        """Pending demand. Partition limits are read (one more command) only in a tick where some
+        job waits for ``PartitionNodeLimit``: a multi-node job needing more nodes than its
+        partition has today waits for that reason, and is demand when the partition's limits
+        let it grow (cloud nodes joining) to hold the job."""
+        text = self._run("squeue", "--json")
+        rules = self.rules
+        if NODE_LIMIT_REASON not in rules.ignored_reasons and _QUOTED_NODE_LIMIT in text:
+            rules = replace(rules, partition_nodes=self._partition_nodes())
+        return demand_groups(text, rules)
+
+    def _partition_nodes(self) -> dict[str, tuple[int, int | None]]:
+        """Each partition's MinNodes and MaxNodes (None: UNLIMITED) from ``scontrol show
+        partition --oneliner``."""
+        text = self._run("scontrol", "show", "partition", "--oneliner").decode(errors="replace")
+        limits: dict[str, tuple[int, int | None]] = {}
+        for line in text.splitlines():
+            fields = dict(token.partition("=")[::2] for token in line.split())
+            name = fields.get("PartitionName")
+            if not name:
+                continue
+            least, most = fields.get("MinNodes", "0"), fields.get("MaxNodes", "UNLIMITED")
+            if not least.isdigit() or not (most.isdigit() or most == "UNLIMITED"):
+                raise SourceError(
+                    f"scontrol show partition: partition {name}: MinNodes={least} "
+                    f"MaxNodes={most} are not node counts"
+                )
+            limits[name] = (int(least), int(most) if most.isdigit() else None)
+        return limits
 
     def read_nodes(self, now: float) -> NodeReading:
         nodes = self._sinfo()
@@ -193,12 +241,7 @@ class SlurmAdapter:
         return NodeReading(onprem=onprem_nodes(nodes), cloud=cloud)
 
     def _sinfo(self) -> list[NodeGpus]:
-        return read_nodes(
-            self._run("sinfo", "--json"),
-            self.settings.cloud_feature,
-            self.rules.partitions,
-            self.settings.gpu_models,
-        )
+        return read_nodes(self._run("sinfo", "--json"), self.node_rules, self.rules.partitions)
 
     def running_jobs_by_node(self) -> dict[str, list[RunningJob]]:
         """Every node's running jobs from one ``squeue``: what the controller reads when several

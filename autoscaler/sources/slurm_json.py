@@ -22,10 +22,11 @@ notice for a node puts at risk, read once per tick however many nodes are leavin
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,8 +34,21 @@ import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.sources import GroupKey, RunningJob, SourceError, groups_from_counts
+from autoscaler.sources.slurm_features import (
+    FeatureSyntaxError,
+    GpuNeeds,
+    gpu_needs,
+    node_gpu_facts,
+)
+
+log = logging.getLogger(__name__)
 
 PENDING = "PENDING"
+NODE_LIMIT_REASON = "PartitionNodeLimit"
+MAX_JOB_NODES = 100_000
+MAX_GPUS_PER_NODE = 1024
+_UNSET_COUNTS = frozenset({0, 0xFFFFFFFE, 0xFFFFFFFF})
+SHOWN_SKIPPED = 3
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
 UNSCHEDULABLE_STATES = frozenset({"down", "error", "future", "unknown", "drained"})
 UNSCHEDULABLE_FLAGS = frozenset(
@@ -64,7 +78,17 @@ class BadFieldError(Exception):
 
 @dataclass(frozen=True)
 class DemandRules:
-    """Which pending jobs are demand, and how a job says it checkpoints or is urgent."""
+    """Which pending jobs are demand, and how a job says it checkpoints, is urgent, and what
+    GPUs it needs.
+
+    ``gpu_models`` renames a gres type (``a100``) to the pools' model name; ``feature_gpu_models``
+    and ``feature_gpu_memory_gib`` say which node features (``--constraint``) name a GPU model or
+    a minimum of GPU memory; other features are not read. ``partition_nodes`` holds each
+    partition's (MinNodes, MaxNodes or None for unlimited), read only when a job waits for
+    ``PartitionNodeLimit``: such a job is demand when its node count is within those limits
+    (the partition is only short of nodes, which cloud nodes joining it fix), and not demand
+    otherwise or while the limits are unknown.
+    """
 
     partitions: frozenset[str] | None = None
     ignored_reasons: frozenset[str] = frozenset()
@@ -74,6 +98,9 @@ class DemandRules:
     gpu_models: Mapping[str, str] = field(default_factory=dict)
     checkpoint_keys: tuple[str, str] = ("checkpoint_interval", "checkpoint_duration")
     checkpoint_signal_key: str = "checkpoint_signal"
+    feature_gpu_models: Mapping[str, str] = field(default_factory=dict)
+    feature_gpu_memory_gib: Mapping[str, float] = field(default_factory=dict)
+    partition_nodes: Mapping[str, tuple[int, int | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,7 @@ class NodeGpus:
     gpu_model: str | None
     schedulable: bool
     cloud: bool
+    gpu_memory_gib: float | None = None
 
 
 def load_document(text: str | bytes, command: str, key: str) -> list[Any]:
@@ -142,6 +170,7 @@ class SqueueJob(_JobFields):
     node_count: Any = msgspec.UNSET
     tres_per_task: Any = msgspec.UNSET
     tasks: Any = msgspec.UNSET
+    features: Any = msgspec.UNSET
     comment: Any = msgspec.UNSET
     priority: Any = msgspec.UNSET
     qos: Any = msgspec.UNSET
@@ -316,6 +345,9 @@ class _Memo:
         self.arrays: dict[tuple[str, int], int] = {}
         self.partitions: dict[str, bool] = {}
         self.reasons: dict[str, bool] = {}
+        self.needs: dict[tuple[str, str | None], GpuNeeds] = {}
+        self.reads_features = bool(rules.feature_gpu_models or rules.feature_gpu_memory_gib)
+        self.skipped: list[str] = []
 
     def gpus(self, text: str) -> tuple[int, str | None]:
         found = self.gres.get(text)
@@ -324,6 +356,37 @@ class _Memo:
             found = (count, self.rules.gpu_models.get(model, model) if model else None)
             self.gres[text] = found
         return found
+
+    def gpu_needs(self, features: str, gres_model: str | None) -> GpuNeeds:
+        """The models and memory the job's constraint and gres type ask of each node; the
+        constraint is read only where the site maps some feature."""
+        if not self.reads_features:
+            return GpuNeeds((gres_model,) if gres_model else ())
+        key = (features, gres_model)
+        found = self.needs.get(key)
+        if found is None:
+            try:
+                found = gpu_needs(
+                    features,
+                    self.rules.feature_gpu_models,
+                    self.rules.feature_gpu_memory_gib,
+                    gres_model,
+                )
+            except FeatureSyntaxError as exc:
+                raise BadFieldError(f"features {exc}") from None
+            self.needs[key] = found
+        return found
+
+    def fits_partition(self, partition: str, nodes: int) -> bool:
+        """Whether a job waiting for ``PartitionNodeLimit`` is only waiting for nodes to join."""
+        limits = self.rules.partition_nodes
+        if limits is None:
+            return False
+        for name in partition.split(","):
+            found = limits.get(name)
+            if found is not None and found[0] <= nodes and (found[1] is None or nodes <= found[1]):
+                return True
+        return False
 
     def checkpointing(self, comment: str) -> Checkpointing:
         found = self.comments.get(comment)
@@ -398,6 +461,48 @@ def _is_pending(state: Any) -> bool:
     raise BadFieldError(f"job_state {state!r} is not a state")
 
 
+def _count_field(job: Fields, name: str) -> int:
+    """A node or task count: absent, 0 or Slurm's unset values (NO_VAL, INFINITE, or
+    ``{"set": false}`` in newer releases) read as 1; negative is not a count."""
+    value = job.get(name)
+    if value is None or (isinstance(value, dict) and value.get("set") is False):
+        return 1
+    count = _int_field(job, name, 1)
+    if count < 0:
+        raise BadFieldError(f"{name} {count} is not a count")
+    return 1 if count in _UNSET_COUNTS else count
+
+
+class _SkippedJobError(Exception):
+    """A job whose request no capacity could be planned for (a user's typo of a million nodes):
+    left out of demand with its reason, rather than failing everyone's."""
+
+
+def _job_request(job: Fields, memo: _Memo) -> tuple[int, int, str | None]:
+    """GPUs per node, nodes and gres type of a pending job. ``node_count`` is the nodes it needs
+    at once (its minimum: ``--nodes=2`` or ``-N 2-4`` read 2). ``--gpus=N`` over several nodes
+    need not split evenly; each node is then counted as needing the larger share (``--gpus=3
+    -N 2``: 2 per node, 4 in all), since that is the node a pool must offer for the job to fit.
+    Tasks are counted on the job's nodes, so ``-n 4 --gpus-per-task=1`` without ``-N`` is one
+    node of 4 GPUs, the node Slurm will look for first."""
+    nodes = _count_field(job, "node_count")
+    if nodes > MAX_JOB_NODES:
+        raise _SkippedJobError(f"node_count {nodes} is more than {MAX_JOB_NODES:,} nodes")
+    gpus, model = _gres_field(job, "tres_per_job", memo)
+    if gpus:
+        per_node = -(-gpus // nodes)
+    else:
+        per_node, model = _gres_field(job, "tres_per_node", memo)
+        if not per_node:
+            gpus, model = _gres_field(job, "tres_per_task", memo)
+            per_node = -(-gpus * _count_field(job, "tasks") // nodes) if gpus else 0
+    if per_node > MAX_GPUS_PER_NODE:
+        raise _SkippedJobError(
+            f"asks {per_node:,} GPUs of each node (more than {MAX_GPUS_PER_NODE})"
+        )
+    return per_node, nodes, model
+
+
 def _job_gpus(job: Fields, memo: _Memo) -> tuple[int, str | None]:
     """GPUs the whole job asks for: per job, else per node times nodes, else per task times
     tasks (how ``--gpus``, ``--gres``/``--gpus-per-node`` and ``--gpus-per-task`` land)."""
@@ -432,14 +537,18 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
             if not _is_pending(job.get("job_state")):
                 continue
-            if not memo.is_demand_reason(_str_field(job, "state_reason")):
+            reason = _str_field(job, "state_reason")
+            if not memo.is_demand_reason(reason):
                 continue
             partition = _str_field(job, "partition")
             if not memo.counts_partition(partition):
                 continue
-            gpus, model = _job_gpus(job, memo)
-            if gpus <= 0:
+            per_node, nodes, model = _job_request(job, memo)
+            if per_node <= 0:
                 continue
+            if reason == NODE_LIMIT_REASON and not memo.fits_partition(partition, nodes):
+                continue
+            needs = memo.gpu_needs(_str_field(job, "features"), model)
             checkpointing = memo.checkpointing(_str_field(job, "comment"))
             high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
                 bool(qos_high) and _str_field(job, "qos") in qos_high
@@ -451,18 +560,32 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
         except BadFieldError as exc:
             ident = job.get("job_id", "?") if isinstance(job, _JobFields | dict) else "?"
             raise SourceError(f"squeue --json: job {ident}: {exc}") from None
+        except _SkippedJobError as exc:
+            memo.skipped.append(f"job {job.get('job_id', '?')}: {exc}")
+            continue
         yield PendingJob(
             str(job.get("job_id")),
             GroupKey(
-                gpus,
+                per_node * nodes,
                 checkpointing.interval_s,
                 high,
-                (model,) if model else (),
+                needs.gpu_models,
                 partition or None,
+                nodes,
+                needs.min_gpu_memory_gib,
             ),
             float(submitted),
             copies,
             checkpointing.duration_s,
+        )
+    if memo.skipped:
+        shown = "; ".join(memo.skipped[:SHOWN_SKIPPED])
+        more = len(memo.skipped) - SHOWN_SKIPPED
+        log.warning(
+            "squeue --json: %d pending job(s) not counted as demand: %s%s",
+            len(memo.skipped),
+            shown,
+            f" (and {more} more)" if more > 0 else "",
         )
 
 
@@ -617,7 +740,30 @@ def _allocated_gpus(tres: str) -> int | None:
     return None
 
 
-def _node(item: Any, cloud_feature: str, model_names: Callable[[str], str]) -> NodeGpus:
+@dataclass(frozen=True)
+class NodeRules:
+    """How ``sinfo``'s nodes are read: the cloud feature, gres type renames, and which node
+    features name a GPU model (for a node whose gres has no type) or its GPU memory."""
+
+    cloud_feature: str
+    gpu_models: Mapping[str, str] = field(default_factory=dict)
+    feature_gpu_models: Mapping[str, str] = field(default_factory=dict)
+    feature_gpu_memory_gib: Mapping[str, float] = field(default_factory=dict)
+
+
+def _node_features(item: Mapping[str, Any]) -> list[str]:
+    """``features`` as 22.05 prints it (``"a100,gpu80g"``) or as a list (later releases)."""
+    value = item.get("features")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [f for f in value.split(",") if f]
+    if isinstance(value, list) and all(isinstance(f, str) for f in value):
+        return list(value)
+    raise BadFieldError(f"features {value!r} is not a feature list")
+
+
+def _node(item: Any, rules: NodeRules) -> NodeGpus:
     if not isinstance(item, dict):
         raise BadFieldError(f"is a JSON {type(item).__name__}, not an object")
     name = _str_field(item, "name")
@@ -632,30 +778,39 @@ def _node(item: Any, cloud_feature: str, model_names: Callable[[str], str]) -> N
     flags = item.get("state_flags") or []
     if not isinstance(flags, list):
         raise BadFieldError(f"state_flags {flags!r} is not a list")
-    features = _str_field(item, "features").split(",")
+    features = _node_features(item)
     schedulable = state not in UNSCHEDULABLE_STATES and not UNSCHEDULABLE_FLAGS.intersection(flags)
+    featured_model, memory = node_gpu_facts(
+        features, rules.feature_gpu_models, rules.feature_gpu_memory_gib
+    )
     return NodeGpus(
         name=name,
         gpus=gpus,
         gpus_allocated=used,
-        gpu_model=model_names(model) if model else None,
+        gpu_model=rules.gpu_models.get(model, model) if model else featured_model,
         schedulable=schedulable,
-        cloud=cloud_feature in features,
+        cloud=rules.cloud_feature in features,
+        gpu_memory_gib=memory,
     )
 
 
 def read_nodes(
     text: str | bytes,
-    cloud_feature: str,
+    cloud_feature: str | NodeRules,
     partitions: frozenset[str] | None = None,
     gpu_models: Mapping[str, str] | None = None,
 ) -> list[NodeGpus]:
-    """GPU nodes from ``sinfo --json``, on-prem and cloud, each once."""
-    names = gpu_models or {}
+    """GPU nodes from ``sinfo --json``, on-prem and cloud, each once. ``cloud_feature`` may be
+    the whole ``NodeRules`` (``gpu_models`` is then ignored)."""
+    rules = (
+        cloud_feature
+        if isinstance(cloud_feature, NodeRules)
+        else NodeRules(cloud_feature, gpu_models or {})
+    )
     nodes: dict[str, NodeGpus] = {}
     for item in load_document(text, "sinfo --json", "nodes"):
         try:
-            node = _node(item, cloud_feature, lambda m: names.get(m, m))
+            node = _node(item, rules)
             in_partition = partitions is None or bool(
                 partitions.intersection(item.get("partitions") or ())
             )
@@ -673,6 +828,7 @@ def onprem_nodes(nodes: list[NodeGpus]) -> tuple[OnPremNode, ...]:
             name=n.name,
             gpus=n.gpus,
             gpu_model=n.gpu_model,
+            gpu_memory_gib=n.gpu_memory_gib,
             gpus_allocated=min(n.gpus_allocated, n.gpus),
             gpu_util_pct=None,
             idle_since=None,
