@@ -39,7 +39,7 @@ from autoscaler.model import (
     Placement,
     PoolView,
 )
-from autoscaler.provider import GangLauncher, LaunchResult, Provider
+from autoscaler.provider import LaunchResult, Provider
 from autoscaler.retry import RetryPolicy
 from autoscaler.sources import WorkloadScheduler
 
@@ -519,7 +519,7 @@ class Actuator:
             request_id = f"{self.incarnation}-{view.tick}-{index}-g{gang}-{attempt}"
             provider = self.providers[pool.provider]
             gang_launch = getattr(provider, "launch_gang", None)
-            if not isinstance(provider, GangLauncher) or gang_launch is None:
+            if not callable(gang_launch):
                 guarded.allowance.refund(pool_view, granted)
                 records.append(
                     ActionRecord(

@@ -7,14 +7,18 @@ told otherwise.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.csvfile import read_rows
+from autoscaler.gpus import memory_gib
 
 DATA = Path(__file__).resolve().parent / "data"
 AWS_CATALOG = DATA / "catalog" / "aws_gpu_instance_types.csv"
+GCP_CATALOG = DATA / "catalog" / "gcp_gpu_machine_types.csv"
+AZURE_CATALOG = DATA / "catalog" / "azure_gpu_vm_sizes.csv"
 AWS_ADVISOR = DATA / "interruptions" / "aws_spot_advisor_gpu_interruption_buckets.csv"
 
 # Spot Advisor buckets are ranges of monthly interruption frequency; we take each range's middle
@@ -142,3 +146,45 @@ class SkyPilotCatalog:
 
     def gpus(self, instance_type: str) -> tuple[int, str | None] | None:
         return self._gpus.get(instance_type)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What a cloud's catalog says of one instance type's GPUs."""
+
+    catalog: str
+    gpus: int
+    gpu_model: str | None
+    gpu_memory_gib: float | None
+
+
+_SHIPPED = {"aws": AWS_CATALOG, "gcp": GCP_CATALOG, "azure": AZURE_CATALOG}
+_MEMORY_COLUMNS = (
+    ("accelerator_memory_mib_per_device", 1 / 1024),
+    ("accelerator_memory_gib_per_device", 1.0),
+)
+
+
+@functools.cache
+def _shipped_gpu_facts(provider: str) -> dict[str, GpuFacts]:
+    path = _SHIPPED.get(provider)
+    if path is None:
+        return {}
+    facts: dict[str, GpuFacts] = {}
+    for row in read_rows(path, ("instance_type", "accelerator_count")):
+        model = row.text("accelerator_name") if "accelerator_name" in row.values else ""
+        memory = None
+        for column, scale in _MEMORY_COLUMNS:
+            if column in row.values and row.text(column):
+                memory = row.number(column, minimum=0) * scale
+        if memory is None:
+            memory = memory_gib(model)
+        facts[row.text("instance_type")] = GpuFacts(
+            path.name, row.integer("accelerator_count", minimum=0), model or None, memory or None
+        )
+    return facts
+
+
+def gpu_facts(provider: str, instance_type: str) -> GpuFacts | None:
+    """The shipped catalog's GPUs for a provider's instance type; None when it has no entry."""
+    return _shipped_gpu_facts(provider).get(instance_type)

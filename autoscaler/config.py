@@ -12,11 +12,14 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 
+from autoscaler.catalog import gpu_facts
+from autoscaler.gpus import memory_gib
 from autoscaler.inputfile import LocatedDocument, read_yaml, validate_document
-from autoscaler.model import Frozen, Name, Pool
+from autoscaler.model import Frozen, Name, Pool, gpu_model_matches
 
 
 class Limits(Frozen):
@@ -168,6 +171,11 @@ class ControllerConfig(Frozen):
     drain_timeout_s: NonNegativeFloat = 3600.0
     request_timeout_s: PositiveFloat = 600.0
 
+    @field_validator("pools", mode="after")
+    @classmethod
+    def _gpus_from_catalog(cls, pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
+        return tuple(with_catalog_gpus(pool) for pool in pools)
+
     @model_validator(mode="after")
     def _unique_pool_names(self) -> ControllerConfig:
         seen: set[str] = set()
@@ -200,6 +208,34 @@ class ControllerConfig(Frozen):
             if pool.name == name:
                 return pool
         raise KeyError(name)
+
+
+def with_catalog_gpus(pool: Pool) -> Pool:
+    """The pool with its GPU model and memory per GPU filled from the shipped catalog of its
+    cloud when the config leaves them out, so shapes are matched against what the instance
+    really has. A model the config states that the catalog contradicts is refused: jobs would
+    be bought GPUs they did not ask for."""
+    facts = gpu_facts(pool.provider, pool.instance_type)
+    model = pool.gpu_model
+    memory = pool.gpu_memory_gib
+    if facts is not None and facts.gpu_model is not None:
+        if model is None:
+            model = facts.gpu_model
+        elif not (
+            gpu_model_matches(model, facts.gpu_model) or gpu_model_matches(facts.gpu_model, model)
+        ):
+            raise ValueError(
+                f"pool {pool.name!r}: gpu_model {model!r} does not match the {pool.provider} "
+                f"catalog ({facts.catalog}), which lists {pool.instance_type} with "
+                f"{facts.gpu_model!r} GPUs; fix gpu_model or instance_type"
+            )
+        if memory is None and gpu_model_matches(model, facts.gpu_model):
+            memory = facts.gpu_memory_gib
+    if memory is None:
+        memory = memory_gib(model)
+    if model == pool.gpu_model and memory == pool.gpu_memory_gib:
+        return pool
+    return pool.model_copy(update={"gpu_model": model, "gpu_memory_gib": memory})
 
 
 def load_config(path: Path | str) -> ControllerConfig:

@@ -37,6 +37,7 @@ from autoscaler.policy import Policy
 from autoscaler.provider import Provider
 from autoscaler.provider_calls import WatchedProvider
 from autoscaler.retry import RetryPolicy
+from autoscaler.shapes import Unhostable, offers_of, unhostable_groups
 from autoscaler.sources import (
     CheckpointingScheduler,
     NodeSource,
@@ -62,6 +63,7 @@ class TickReport:
     month_spend: float | None = None
     accrued: dict[str, float] = field(default_factory=dict)
     failing_sources: list[str] = field(default_factory=list)
+    unhostable: list[Unhostable] = field(default_factory=list)
 
 
 class Controller:
@@ -153,6 +155,7 @@ class Controller:
             self.evacuator,
         )
         self.last_plan: Plan | None = None
+        self._unhostable_said: set[str] = set()
         self._tick = 0
         self._billed: set[str] = set()
 
@@ -172,6 +175,7 @@ class Controller:
         self._tick += 1
         observation = self.observer.observe(now, number, self.last_plan)
         view = observation.view
+        unhostable = self._unhostable(view)
         plan, held = self._decide(view)
         billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)
@@ -198,6 +202,7 @@ class Controller:
             failing_sources=sorted(
                 f"{kind}/{name}" for (kind, name), up in observation.source_status.items() if not up
             ),
+            unhostable=unhostable,
         )
         self._journal_tick(report, billed)
         if self.recorder is not None:
@@ -215,6 +220,18 @@ class Controller:
             if metrics is not None
             else None
         )
+
+    def _unhostable(self, view: FleetView) -> list[Unhostable]:
+        """Pending jobs no configured capacity can ever host: they stay pending, never put on
+        other GPUs, and are said once each time the set of such shapes changes."""
+        found = unhostable_groups(view.demand.groups, offers_of(self.config.pools, view.onprem))
+        labels = {u.label for u in found}
+        if labels != self._unhostable_said:
+            for item in found:
+                if item.label not in self._unhostable_said:
+                    log.warning("%d pending job(s) stay pending: %s", item.jobs, item.reason)
+            self._unhostable_said = labels
+        return found
 
     def check_fence(self) -> None:
         """Raises ``LeadershipLost`` when this replica may no longer act under its token."""

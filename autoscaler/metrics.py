@@ -41,6 +41,12 @@ class Metrics:
         self.pending_gpus = Gauge(
             "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=r
         )
+        self.unhostable_jobs = Gauge(
+            "gpu_autoscaler_unhostable_jobs",
+            "pending jobs no configured pool or on-prem node can ever host, by what they ask for",
+            ["shape"],
+            registry=r,
+        )
         # fleet, per pool
         self.demand_gpus = Gauge(
             "gpu_autoscaler_demand_gpus",

@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 from autoscaler.errors import InvalidRequest, ProviderError, describe
 from autoscaler.metrics import Metrics
 from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
-from autoscaler.provider import GangLauncher, LaunchResult, Provider
+from autoscaler.provider import LaunchResult, Provider
 
 T = TypeVar("T")
 
@@ -72,8 +72,8 @@ class WatchedProvider:
 
     def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
         """A multi-node job's instances, all or none, fenced and journaled as any launch is."""
-        inner = self.inner
-        if not isinstance(inner, GangLauncher):
+        gang_launch = getattr(self.inner, "launch_gang", None)
+        if not callable(gang_launch):
             raise InvalidRequest(
                 f"provider {self.name!r} cannot launch a multi-node job's nodes together",
                 pool=pool.name,
@@ -83,7 +83,7 @@ class WatchedProvider:
             pool,
             count,
             request_id,
-            lambda: inner.launch_gang(pool, count, request_id, fleet_id),
+            lambda: gang_launch(pool, count, request_id, fleet_id),
         )
 
     def _launch(

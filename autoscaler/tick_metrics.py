@@ -40,6 +40,9 @@ class TickMetrics:
         demand = view.demand
         metrics.demand_known.set(1 if demand.known else 0)
         metrics.pending_gpus.set(sum(g.gpus_per_job * g.jobs for g in demand.groups))
+        metrics.unhostable_jobs.clear()
+        for item in report.unhostable:
+            metrics.unhostable_jobs.labels(item.label).set(item.jobs)
         self._record_pools(report)
         for action in report.actions:
             metrics.actions.labels(action.kind, action.outcome).inc()

@@ -56,6 +56,9 @@ class SimProvider:
     def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
         return self.cloud.launch(pool, count, request_id, self.clock.now())
 
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        return self.cloud.launch_gang(pool, count, request_id, self.clock.now())
+
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.cloud.terminate(instance_ids, self.clock.now())
 
@@ -164,6 +167,16 @@ class LiveSimProvider(SimProvider):
         with self._lock:
             self._catch_up()
             return super().launch(known, count, request_id, fleet_id)
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        known = self._pools.get(pool.name)
+        if known is None:
+            raise InvalidRequest(
+                f"pool {pool.name!r} is not a pool of the sim cloud", pool=pool.name
+            )
+        with self._lock:
+            self._catch_up()
+            return super().launch_gang(known, count, request_id, fleet_id)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         with self._lock:

@@ -48,6 +48,7 @@ class FakeCloud:
     notices: list[InterruptionNotice] = field(default_factory=list)
     unacknowledged: list[InterruptionNotice] = field(default_factory=list)
     launch_calls: list[tuple[str, int, str]] = field(default_factory=list)
+    gang_calls: list[tuple[str, int, str]] = field(default_factory=list)
     terminate_calls: list[list[str]] = field(default_factory=list)
     now: Callable[[], float] = lambda: 0.0
     counter: int = 0
@@ -90,6 +91,16 @@ class FakeCloud:
         if granted < count:
             shortfall = CapacityError(f"only {granted} of {count}", pool=pool.name)
         return LaunchResult(tuple(made), shortfall)
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """All or nothing: a gang the pool's capacity cannot hold whole is not started."""
+        self.gang_calls.append((pool.name, count, request_id))
+        room = self.capacity.get(pool.name, 10**9) - sum(
+            1 for i in self.instances.values() if i.pool == pool.name
+        )
+        if room < count and request_id not in self.by_request:
+            raise CapacityError(f"room for {room} of a gang of {count}", pool=pool.name)
+        return self.launch(pool, count, request_id, fleet_id)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.terminate_calls.append(list(instance_ids))
@@ -171,6 +182,7 @@ def pool(
     gpus: int = 1,
     region: str = "r1",
     max_instances: int | None = None,
+    gpu_model: str | None = None,
 ) -> Pool:
     return Pool(
         name=name,
@@ -178,6 +190,7 @@ def pool(
         region=region,
         instance_type=f"type-{gpus}",
         gpus_per_instance=gpus,
+        gpu_model=gpu_model,
         market=market,  # type: ignore[arg-type]
         max_instances=max_instances,
         boot_seconds=120,
@@ -191,6 +204,8 @@ def job(
     checkpoint: float | None = 1800.0,
     high: bool = False,
     submit: float = 0.0,
+    nodes: int = 1,
+    models: tuple[str, ...] = (),
 ) -> Job:
     return Job(
         id=job_id,
@@ -198,6 +213,8 @@ def job(
         submit_time=submit,
         checkpoint_interval_s=checkpoint,
         high_priority=high,
+        nodes=nodes,
+        gpu_models=models,
     )
 
 

@@ -132,6 +132,28 @@ class SimCloud:
             )
         return LaunchResult(tuple(launched), shortfall)
 
+    def launch_gang(self, pool: Pool, count: int, request_id: str, now: float) -> LaunchResult:
+        """All ``count`` instances or none: a gang the pool cannot hold whole is not started
+        (the simulated placement group has room for the whole gang or for nothing)."""
+        existing = self.by_request.get(request_id)
+        if existing is not None:
+            return LaunchResult(
+                tuple(self.instances[i].listed for i in existing if i in self.instances),
+                already_existed=True,
+            )
+        room = self.markets[pool.name].capacity(now) - self._holding(pool.name)
+        if room < count:
+            self.stats.capacity_failures += 1
+            raise CapacityError(
+                f"{pool.name}: spot capacity for {max(0, int(room))} of a gang of {count}; "
+                "none launched",
+                pool=pool.name,
+                code="InsufficientInstanceCapacity",
+            )
+        launched = [self._start_instance(pool, request_id, now).listed for _ in range(count)]
+        self.by_request[request_id] = [i.id for i in launched]
+        return LaunchResult(tuple(launched))
+
     def terminate(self, ids: Sequence[str], now: float) -> None:
         for instance_id in ids:
             instance = self.instances.get(instance_id)
@@ -170,6 +192,7 @@ class SimCloud:
             instance.pool.name,
             now,
             instance.pool.gpu_model,
+            instance.pool.gpu_memory_gib,
         )
         if instance.noticed_at is not None:
             self.scheduler.drain(instance.id, "interruption notice before boot finished")

@@ -2,10 +2,12 @@
 
 Jobs start in submission order; a job that fits nowhere does not hold back later jobs that do fit
 (backfill without reservations, as Kubernetes' scheduler does — a job that never fits is what
-the autoscaler is for). A job runs on one node. Within the tiers a placement rule allows, the
-node that fits most tightly wins. Each running job checkpoints on its own schedule; an
-interrupted job keeps the work up to its last finished checkpoint and goes back to the queue in
-its original order.
+the autoscaler is for). A job runs on one node, or, asking for several, on that many distinct
+nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only on GPUs of
+a model it accepts. Within the tiers a placement rule allows, the nodes that fit most tightly
+win. Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
+its last finished checkpoint and goes back to the queue in its original order. Any member of a
+multi-node job going away stops the whole job, which is requeued whole, as Slurm requeues it.
 
 The same object is the controller's queue source, node source and scheduler adapter in a dry
 run, so the controller reads and drives it through exactly the interfaces a real Slurm gets:
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.clock import Clock
-from autoscaler.model import Capacity, DemandGroup, OnPremNode, Placement
+from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
 from autoscaler.sim.trace import TraceJob
 from autoscaler.sources import NodeReading, NodeUsage, RunningJob
 
@@ -45,10 +47,15 @@ class SimJob:
     finished_at: float | None = None
     interruptions: int = 0
     lost_gpu_s: float = 0.0
+    members: list[SimNode] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
         return self.trace.gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.trace.gpus // self.trace.nodes
 
     def wall_for(self, remaining: float) -> float:
         interval = self.trace.checkpoint_interval_s
@@ -73,6 +80,7 @@ class SimNode:
     idle_since: float | None = None
     empty_since: float | None = None
     gpu_model: str | None = None
+    gpu_memory_gib: float | None = None
     version: int = 0
 
 
@@ -92,7 +100,8 @@ class Accounting:
     migrations: int = 0
 
 
-BucketKey = tuple[int, float | None, bool]
+# gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory
+BucketKey = tuple[int, float | None, bool, int, tuple[str, ...], float | None]
 CheckpointAsked = Callable[[SimJob, int, float, float], None]
 
 
@@ -155,9 +164,19 @@ class SimScheduler:
         pool: str | None,
         now: float,
         gpu_model: str | None = None,
+        gpu_memory_gib: float | None = None,
     ) -> SimNode:
         node = SimNode(
-            name, gpus, kind, pool, now, gpus, idle_since=now, empty_since=now, gpu_model=gpu_model
+            name,
+            gpus,
+            kind,
+            pool,
+            now,
+            gpus,
+            idle_since=now,
+            empty_since=now,
+            gpu_model=gpu_model,
+            gpu_memory_gib=gpu_memory_gib,
         )
         self.nodes[name] = node
         self._index_add(node)
@@ -251,9 +270,10 @@ class SimScheduler:
         self.accounting.allocated_gpu_s[node.kind] += job.gpus * writing
         self.accounting.checkpoint_gpu_s += job.gpus * writing
         self.accounting.checkpoints += 1
+        members = list(job.members)
         self._detach(job, now)
         job.pending_since = now
-        self._start(job, node, now)
+        self._start(job, members, now)
         self.checkpoints.record(CheckpointReport(str(job.seq), now, writing, node.name))
 
     def requeue(self, job_id: str) -> None:
@@ -276,7 +296,8 @@ class SimScheduler:
     def read(self, now: float) -> Sequence[DemandGroup]:
         if self._demand_cache is None:
             groups = []
-            for (gpus, interval, high), heap in sorted(self._buckets.items(), key=_bucket_order):
+            for key, heap in sorted(self._buckets.items(), key=_bucket_order):
+                gpus, interval, high, nodes, models, memory = key
                 if heap:
                     groups.append(
                         DemandGroup.model_construct(
@@ -284,7 +305,10 @@ class SimScheduler:
                             jobs=len(heap),
                             checkpoint_interval_s=interval,
                             high_priority=high,
-                            gpu_model=None,
+                            nodes=nodes,
+                            gpu_models=models,
+                            min_gpu_memory_gib=memory,
+                            partition=None,
                             oldest_submit_time=heap[0][1].trace.submit,
                         )
                     )
@@ -302,6 +326,7 @@ class SimScheduler:
                         name=node.name,
                         gpus=node.gpus,
                         gpu_model=node.gpu_model,
+                        gpu_memory_gib=node.gpu_memory_gib,
                         gpus_allocated=node.gpus - node.free,
                         gpu_util_pct=100.0 * node.util / node.gpus,
                         idle_since=node.idle_since,
@@ -332,9 +357,10 @@ class SimScheduler:
     def close(self, now: float) -> None:
         """End of the replay: count the work in flight, and the wait of jobs still queued (a
         lower bound on what they would have waited)."""
-        for node in self.nodes.values():
-            for job in node.jobs.values():
-                self._account_run(job, node, now)
+        running = {job.seq: job for node in self.nodes.values() for job in node.jobs.values()}
+        for job in running.values():
+            if job.node is not None:
+                self._account_run(job, job.node, now)
         for heap in self._buckets.values():
             for _, job in heap:
                 job.waited += now - job.pending_since
@@ -347,7 +373,7 @@ class SimScheduler:
         self._dirty = False
         heads: list[tuple[int, BucketKey]] = []
         for key, heap in self._buckets.items():
-            if heap and key[0] <= self._max_free:
+            if heap and key[0] // key[3] <= self._max_free:
                 heads.append((heap[0][0], key))
         heapq.heapify(heads)
         started = 0
@@ -355,14 +381,14 @@ class SimScheduler:
             _, key = heapq.heappop(heads)
             heap = self._buckets[key]
             job = heap[0][1]
-            node = self._best_fit(job)
-            if node is None:
+            nodes = self._best_fit(job)
+            if nodes is None:
                 continue
             heapq.heappop(heap)
             self._demand_cache = None
-            self._start(job, node, now)
+            self._start(job, nodes, now)
             started += 1
-            if heap and key[0] <= self._max_free:
+            if heap and key[0] // key[3] <= self._max_free:
                 heapq.heappush(heads, (heap[0][0], key))
         if self.placement.rebalance_onprem:
             started += self._rebalance(now)
@@ -375,7 +401,9 @@ class SimScheduler:
         candidates = sorted(
             (heap[0][0], key)
             for key, heap in self._buckets.items()
-            if heap and self.placement.may_displace(key[0], key[1] is not None, key[2])
+            if heap
+            and key[3] == 1
+            and self.placement.may_displace(key[0], key[1] is not None, key[2])
         )
         for _, key in candidates:
             heap = self._buckets[key]
@@ -389,7 +417,7 @@ class SimScheduler:
                     self._migrate(victim, target, now)
                 heapq.heappop(heap)
                 self._demand_cache = None
-                self._start(job, node, now)
+                self._start(job, [node], now)
                 started += 1
         return started
 
@@ -402,13 +430,17 @@ class SimScheduler:
             job.trace.checkpoint_interval_s is not None, job.trace.high_priority
         )
         options: list[tuple[int, int, SimNode, list[SimJob]]] = []
+        shape = job.trace.shape
         for node in self.nodes.values():
-            if node.kind is not Capacity.ONPREM or node.leaving or node.gpus < job.gpus:
+            if node.kind is not Capacity.ONPREM or node.leaving:
+                continue
+            if not shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib):
                 continue
             movable = [
                 j
                 for j in node.jobs.values()
-                if self.placement.movable(
+                if j.trace.nodes == 1
+                and self.placement.movable(
                     j.gpus,
                     j.trace.checkpoint_interval_s is not None,
                     j.trace.high_priority,
@@ -444,7 +476,7 @@ class SimScheduler:
             for kind in self._tiers(moving):
                 if kind is Capacity.ONPREM:
                     continue
-                target = self._tightest(kind, moving.gpus)
+                target = self._tightest(kind, moving.trace.shape)
                 if target is not None:
                     break
             if target is None:
@@ -469,7 +501,7 @@ class SimScheduler:
         self.accounting.migrations += 1
         self._detach(job, now)
         job.pending_since = now
-        self._start(job, target, now, extra_s=job.trace.checkpoint_duration_s)
+        self._start(job, [target], now, extra_s=job.trace.checkpoint_duration_s)
 
     def _job(self, job_id: str) -> SimJob:
         return self.jobs[int(job_id)]
@@ -480,7 +512,7 @@ class SimScheduler:
         return RunningJob(
             id=str(job.seq),
             node=node.name,
-            gpus=job.gpus,
+            gpus=job.gpus_per_node,
             started_at=job.run_start,
             checkpoint_interval_s=interval,
             checkpoint_duration_s=job.trace.checkpoint_duration_s if interval else None,
@@ -492,35 +524,67 @@ class SimScheduler:
             job.trace.checkpoint_interval_s is not None, job.trace.high_priority
         )
 
-    def _best_fit(self, job: SimJob) -> SimNode | None:
+    def _best_fit(self, job: SimJob) -> list[SimNode] | None:
+        """The nodes to start ``job`` on now: the tightest fit of the first tier that has room,
+        one node per node the job asks for, all of one kind."""
+        shape = job.trace.shape
         for kind in self._tiers(job):
-            node = self._tightest(kind, job.gpus)
-            if node is not None:
-                return node
+            if job.trace.nodes == 1:
+                node = self._tightest(kind, shape)
+                if node is not None:
+                    return [node]
+                continue
+            nodes = self._tightest_many(kind, shape, job.trace.nodes)
+            if nodes is not None:
+                return nodes
         return None
 
-    def _tightest(self, kind: Capacity, gpus: int) -> SimNode | None:
-        """The node of this kind with the least free room that still holds ``gpus``."""
+    def _tightest(self, kind: Capacity, shape: NodeShape) -> SimNode | None:
+        """The node of this kind with the least free room that still holds one node of
+        ``shape`` on GPUs it accepts."""
         by_free = self._index[kind]
-        best: int | None = None
-        for free, nodes in by_free.items():
-            if nodes and free >= gpus and (best is None or free < best):
-                best = free
-        return next(iter(by_free[best].values())) if best is not None else None
+        if not shape.gpu_models and shape.min_gpu_memory_gib is None:
+            best: int | None = None
+            for free, nodes in by_free.items():
+                if nodes and free >= shape.gpus and (best is None or free < best):
+                    best = free
+            return next(iter(by_free[best].values())) if best is not None else None
+        for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
+            for node in by_free[free].values():
+                if shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
+                    return node
+        return None
 
-    def _start(self, job: SimJob, node: SimNode, now: float, extra_s: float = 0.0) -> None:
-        self._index_remove(node)
-        node.free -= job.gpus
+    def _tightest_many(self, kind: Capacity, shape: NodeShape, count: int) -> list[SimNode] | None:
+        """``count`` distinct nodes of this kind that each hold one node of ``shape``, the
+        tightest first; None when there are not that many."""
+        by_free = self._index[kind]
+        chosen: list[SimNode] = []
+        for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
+            for node in by_free[free].values():
+                if shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
+                    chosen.append(node)
+                    if len(chosen) == count:
+                        return chosen
+        return None
+
+    def _start(self, job: SimJob, nodes: list[SimNode], now: float, extra_s: float = 0.0) -> None:
+        per_node = job.gpus_per_node
+        for node in nodes:
+            self._index_remove(node)
+            node.free -= per_node
+            node.jobs[job.seq] = job
+            node.util += per_node * job.trace.utilisation
+            node.empty_since = None
+            self._refresh_idle(node, now)
+            node.version += 1
+            self._index_add(node)
+        node = nodes[0]
         self.busy_gpus[node.kind] += job.gpus
-        node.jobs[job.seq] = job
-        node.util += job.gpus * job.trace.utilisation
-        node.empty_since = None
-        self._refresh_idle(node, now)
-        node.version += 1
-        self._index_add(node)
         job.waited += now - job.pending_since
         if job.first_start is None:
             job.first_start = now
+        job.members = list(nodes)
         job.node = node
         job.run_start = now
         job.run_id += 1
@@ -528,20 +592,22 @@ class SimScheduler:
         self.on_start(job, now + job.run_wall)
 
     def _detach(self, job: SimJob, now: float) -> None:
-        node = job.node
-        assert node is not None
-        self._index_remove(node)
-        del node.jobs[job.seq]
-        node.free += job.gpus
-        self.busy_gpus[node.kind] -= job.gpus
-        node.util -= job.gpus * job.trace.utilisation
-        if not node.jobs:
-            node.util = 0.0
-            node.empty_since = now
-        self._refresh_idle(node, now)
-        node.version += 1
-        if node.name in self.nodes:
-            self._index_add(node)
+        assert job.node is not None
+        per_node = job.gpus_per_node
+        self.busy_gpus[job.node.kind] -= job.gpus
+        for node in job.members:
+            self._index_remove(node)
+            del node.jobs[job.seq]
+            node.free += per_node
+            node.util -= per_node * job.trace.utilisation
+            if not node.jobs:
+                node.util = 0.0
+                node.empty_since = now
+            self._refresh_idle(node, now)
+            node.version += 1
+            if node.name in self.nodes:
+                self._index_add(node)
+        job.members = []
         job.node = None
         job.run_start = None
         job.run_id += 1
@@ -594,7 +660,15 @@ class SimScheduler:
     # -- indexes ---------------------------------------------------------------------------
 
     def _enqueue(self, job: SimJob) -> None:
-        key = (job.gpus, job.trace.checkpoint_interval_s, job.trace.high_priority)
+        trace = job.trace
+        key = (
+            trace.gpus,
+            trace.checkpoint_interval_s,
+            trace.high_priority,
+            trace.nodes,
+            trace.gpu_models,
+            trace.min_gpu_memory_gib,
+        )
         heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
         self._demand_cache = None
         self._dirty = True
@@ -623,6 +697,8 @@ class SimScheduler:
             node.idle_since = now
 
 
-def _bucket_order(item: tuple[BucketKey, object]) -> tuple[int, float, bool]:
-    (gpus, interval, high), _ = item
-    return (gpus, -1.0 if interval is None else interval, high)
+def _bucket_order(
+    item: tuple[BucketKey, object],
+) -> tuple[int, float, bool, int, tuple[str, ...], float]:
+    (gpus, interval, high, nodes, models, memory), _ = item
+    return (gpus, -1.0 if interval is None else interval, high, nodes, models, memory or 0.0)

@@ -7,6 +7,7 @@ empty), and kept out of the queue-wait statistics because their wait happened be
 
 from __future__ import annotations
 
+import math
 import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from autoscaler.csvfile import Row, read_rows
 from autoscaler.errors import InputError
+from autoscaler.model import NodeShape
 from autoscaler.sim.scenario import CheckpointRule, JobMatch, TraceSpec
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")
@@ -22,6 +24,9 @@ DAY = 86_400.0
 
 @dataclass(slots=True)
 class TraceJob:
+    """One job to replay. ``gpus`` is the whole job's; it runs on ``nodes`` nodes at once with
+    ``gpus // nodes`` on each, of one of ``gpu_models`` (any when empty)."""
+
     id: str
     submit: float
     duration: float
@@ -31,6 +36,21 @@ class TraceJob:
     checkpoint_duration_s: float
     high_priority: bool
     carried: bool = False
+    nodes: int = 1
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def shape(self) -> NodeShape:
+        return NodeShape.model_construct(
+            gpus=self.gpus_per_node,
+            gpu_models=self.gpu_models,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+        )
 
 
 @dataclass
@@ -58,6 +78,9 @@ class _Raw:
     priority_class: str
     preemptible: bool
     user_group: str
+    nodes: int
+    gpu_models: tuple[str, ...]
+    min_gpu_memory_gib: float | None
 
 
 def _share(seed: int, job_id: str) -> float:
@@ -88,13 +111,45 @@ def _busiest(submits: list[float], length: float) -> tuple[float, float]:
     return best_start, best_start + length
 
 
+def _nodes(row: Row, gpus: int, largest_node: int | None) -> tuple[int, int]:
+    """The job's nodes and its (whole-node) GPUs. A trace that gives ``num_nodes`` is taken at
+    its word (its GPUs must divide evenly); one that does not, for a job larger than the
+    largest node any scenario capacity has, is spread over as few such nodes as hold it, each
+    asking the same number of GPUs (12 GPUs on 8-GPU nodes: 2 nodes of 6)."""
+    text = row.text("num_nodes") if "num_nodes" in row.values else ""
+    if text:
+        nodes = row.integer("num_nodes", minimum=1)
+        if gpus % nodes:
+            raise row.error(
+                "num_nodes",
+                f"expected a number of nodes that divides num_gpus ({gpus}) evenly, got {nodes}",
+            )
+        return nodes, gpus
+    if largest_node is None or gpus <= largest_node:
+        return 1, gpus
+    nodes = math.ceil(gpus / largest_node)
+    return nodes, nodes * math.ceil(gpus / nodes)
+
+
+def _models(row: Row) -> tuple[str, ...]:
+    text = row.text("gpu_model") if "gpu_model" in row.values else ""
+    models = tuple(m.strip() for m in text.split("|") if m.strip())
+    if text and not models:
+        raise row.error("gpu_model", f"expected GPU model names separated by '|', got {text!r}")
+    return models
+
+
 def load_trace(
     path: Path,
     spec: TraceSpec,
     rules: tuple[CheckpointRule, ...],
     high_priority: JobMatch | None,
     seed: int,
+    largest_node: int | None = None,
 ) -> TraceSelection:
+    """Read the jobs of ``spec``'s window. ``largest_node`` is the most GPUs any one node of the
+    scenario has (on-prem or a pool's instance): a job the trace records as larger, with no
+    node count, needs several nodes at once."""
     skipped: dict[str, int] = {}
     raws: list[_Raw] = []
     seen: set[str] = set()
@@ -127,6 +182,12 @@ def load_trace(
         preemptible = row.text("preemptible") if "preemptible" in row.values else ""
         if preemptible not in ("", "0", "1"):
             raise row.error("preemptible", f"expected 0 or 1, got {preemptible!r}")
+        nodes, gpus = _nodes(row, gpus, largest_node)
+        memory = (
+            row.optional_number("min_gpu_memory_gib", minimum=0)
+            if "min_gpu_memory_gib" in row.values
+            else None
+        )
         raws.append(
             _Raw(
                 row=row,
@@ -139,6 +200,9 @@ def load_trace(
                 priority_class=row.text("priority_class") if "priority_class" in row.values else "",
                 preemptible=preemptible == "1",
                 user_group=row.text("user_group") if "user_group" in row.values else "",
+                nodes=nodes,
+                gpu_models=_models(row),
+                min_gpu_memory_gib=memory or None,
             )
         )
     if not raws:
@@ -169,7 +233,18 @@ def load_trace(
         )
         jobs.append(
             TraceJob(
-                raw.id, submit, duration, raw.gpus, raw.utilisation, interval, cost, high, carried
+                raw.id,
+                submit,
+                duration,
+                raw.gpus,
+                raw.utilisation,
+                interval,
+                cost,
+                high,
+                carried,
+                raw.nodes,
+                raw.gpu_models,
+                raw.min_gpu_memory_gib,
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.id))
