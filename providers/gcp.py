@@ -17,6 +17,8 @@ extra), imported lazily.
   core's typed errors; the SDK's own retries are off, so the controller's policy is the only one.
 * Preemptions: read centrally from the zones' ``compute.instances.preempted`` operations and from
   Spot VMs of ours listed as ``TERMINATED``, each reported once.
+* Gangs: ``launch_gang`` makes a multi-node job's VMs with one ``instances.bulkInsert`` whose
+  ``minCount`` is all of them, under the pool's compact placement policy (``providers.gcp_gang``).
 
 Credentials come from Application Default Credentials (``google.auth.default()``), never from
 the config file; a test endpoint is called anonymously.
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -69,6 +71,10 @@ from autoscaler.provider import (
     REQUEST_TAG,
     LaunchResult,
 )
+from providers.placement import PlacementOption
+
+if TYPE_CHECKING:
+    from providers.gcp_gang import GcpGangs
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +132,7 @@ AUTH_CODES = frozenset(
     {"required", "authError", "forbidden", "insufficientPermissions", "accessNotConfigured"}
 )
 GLOBAL_QUOTA_MARKERS = ("GPUS_ALL_REGIONS", "gpus_all_regions", "GPUS-ALL-REGIONS")
+RESOURCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class _Strict(BaseModel):
@@ -170,12 +177,28 @@ class GcpPoolOptions(_Strict):
     )
     accelerator_count: int | None = Field(None, ge=1)
     disk_size_gb: int = Field(100, ge=10)
+    placement_policy: PlacementOption | None = Field(
+        None,
+        description="the compact placement policy a gang is launched under: {name: X} "
+        "(existing, in the pool's region), {create: true} (made for the pool) or both",
+    )
 
     @model_validator(mode="after")
     def _accelerators(self) -> GcpPoolOptions:
         if self.accelerator_count is not None and self.accelerator_type is None:
             raise ValueError("accelerator_count needs an accelerator_type")
         return self
+
+    @field_validator("placement_policy")
+    @classmethod
+    def _policy_name(cls, value: PlacementOption | None) -> PlacementOption | None:
+        name = value.name if value is not None else None
+        if name is not None and not RESOURCE_NAME.match(name):
+            raise ValueError(
+                "name: expected a resource name (lowercase letters, digits and hyphens, "
+                "starting with a letter, at most 63)"
+            )
+        return value
 
 
 # -- labels ------------------------------------------------------------------------------------
@@ -538,6 +561,9 @@ class GcpProvider:
         self._pool_by_label = {label_value(p.name): p.name for p in pools}
         self._lock = threading.Lock()
         self._clients: tuple[Any, Any] | None = None
+        self._placement_clients: tuple[Any, Any] | None = None
+        self._common: dict[str, Any] | None = None
+        self._gangs: GcpGangs | None = None
         self._seen: dict[str, _Seen] = {}
         self._preempted: dict[str, str] = {}
         self._reported: dict[str, float] = {}
@@ -566,26 +592,52 @@ class GcpProvider:
             return self._clients
 
     def _make_clients(self) -> tuple[Any, Any]:
-        from google.api_core.client_options import ClientOptions
         from google.cloud import compute_v1
 
-        credentials: Any
-        if self.settings.endpoint:
-            from google.auth.credentials import AnonymousCredentials
-
-            credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-            options = ClientOptions(api_endpoint=self.settings.endpoint)
-        else:
-            import google.auth
-
-            credentials, _ = google.auth.default(scopes=[SCOPE])
-            options = None
-        common: dict[str, Any] = {
-            "credentials": credentials,
-            "transport": "rest",
-            "client_options": options,
-        }
+        common = self._client_settings()
         return compute_v1.InstancesClient(**common), compute_v1.ZoneOperationsClient(**common)
+
+    def placement_clients(self) -> tuple[Any, Any]:
+        """The resource-policies and region-operations clients, for gangs' compact placement
+        policies (made on first use, with the same credentials and options as the others)."""
+        with self._lock:
+            if self._placement_clients is None:
+                try:
+                    self._placement_clients = self._make_placement_clients()
+                except Exception as exc:
+                    raise typed(exc) from None
+            return self._placement_clients
+
+    def _make_placement_clients(self) -> tuple[Any, Any]:
+        from google.cloud import compute_v1
+
+        common = self._client_settings()
+        policies = compute_v1.ResourcePoliciesClient(**common)
+        return policies, compute_v1.RegionOperationsClient(**common)
+
+    def _client_settings(self) -> dict[str, Any]:
+        """What every client is made with; the credentials are looked up once (callers hold
+        the lock)."""
+        if self._common is None:
+            from google.api_core.client_options import ClientOptions
+
+            credentials: Any
+            if self.settings.endpoint:
+                from google.auth.credentials import AnonymousCredentials
+
+                credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+                options = ClientOptions(api_endpoint=self.settings.endpoint)
+            else:
+                import google.auth
+
+                credentials, _ = google.auth.default(scopes=[SCOPE])
+                options = None
+            self._common = {
+                "credentials": credentials,
+                "transport": "rest",
+                "client_options": options,
+            }
+        return self._common
 
     def _call(self, method: Any, request: Any) -> Any:
         """One SDK call with its retries off: the controller's retry policy is the only one."""
@@ -725,6 +777,17 @@ class GcpProvider:
             if not instances:
                 raise shortfall
         return LaunchResult(instances, shortfall, already_existed=bool(existing))
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """All ``count`` VMs under the pool's compact placement policy, or none (``GcpGangs``)."""
+        with self._lock:
+            if self._gangs is None:
+                # imported here: providers.gcp_gang builds on this module's helpers
+                from providers.gcp_gang import GcpGangs
+
+                self._gangs = GcpGangs(self)
+            gangs = self._gangs
+        return gangs.launch(pool, count, request_id)
 
     def _round(
         self,

@@ -6,6 +6,13 @@ google-cloud-compute sends with ``transport="rest"``: camelCase JSON under
 size, ``requestId`` deduplication and Google's error bodies. The provider is tested through the
 real SDK over HTTP, so what runs in production is what runs here; no SDK method is patched.
 
+Gangs: ``instances.bulkInsert`` (``count``, ``minCount``, ``perInstanceProperties`` or
+``namePattern``, ``instanceProperties`` with short machine type, accelerator and resource-policy
+names) makes ``count`` VMs, or at least ``minCount``, or none with a capacity error; and regional
+``resourcePolicies`` (insert, get) with their region operations. ``gang_fits(k)`` lets at most
+``k`` VMs of a bulk insert fit; with ``leftovers`` the VMs that did are still there when the
+operation fails, as when Compute Engine has not yet deleted what it made.
+
 Faults are injected the way Compute Engine answers: an HTTP error with Google's error body (429
 with ``Retry-After``, 500, 401, 403, quota as 403), an accepted insert whose operation ends
 ``DONE`` with an ``error`` (capacity, quota), an operation that stays ``RUNNING`` for a few polls,
@@ -44,9 +51,11 @@ PAGE_SIZE = 3
 BASE = "https://www.googleapis.com/compute/v1"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 PREEMPTED = "compute.instances.preempted"
+REGIONS = tuple(sorted({zone.rsplit("-", 1)[0] for zone in ZONES}))
+COLLOCATIONS = ("COLLOCATED", "UNSPECIFIED_COLLOCATION")
 
 # the kinds of request a fault can be planned for
-KINDS = ("insert", "list", "get", "delete", "operation", "operations", "page")
+KINDS = ("insert", "list", "get", "delete", "operation", "operations", "page", "bulk", "policy")
 # faults answered at the front door, before the request changes anything
 HTTP_FAULTS = ("throttle", "server", "auth", "forbidden", "quota-http", "quota-http-global")
 # faults of an accepted insert, reported in its operation
@@ -289,6 +298,12 @@ class ComputeEmulator:
             self.requests: list[tuple[str, str]] = []
             self.injected: list[tuple[str, str]] = []
             self._ids = itertools.count(1_000_001)
+            self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+            self.region_operations: dict[tuple[str, str], dict[str, Any]] = {}
+            self.region_requests: dict[str, tuple[str, str]] = {}
+            self.bulk_members: dict[tuple[str, str], list[str]] = {}
+            self.gang_fit: int | None = None
+            self.leftovers = False
 
     # -- what a test may tell it -------------------------------------------------------------
 
@@ -297,7 +312,9 @@ class ComputeEmulator:
         ``page`` is any listing request that carries a page token (a fault in the middle of a
         paged listing)."""
         assert kind in KINDS, kind
-        assert fault in (*HTTP_FAULTS, "ok") or (kind == "insert" and fault in OPERATION_FAULTS)
+        assert fault in (*HTTP_FAULTS, "ok") or (
+            kind in ("insert", "bulk") and fault in OPERATION_FAULTS
+        )
         with self.lock:
             self.planned[kind].extend([fault] * times)
 
@@ -305,6 +322,25 @@ class ComputeEmulator:
         with self.lock:
             self.chance = chance
             self.rng = random.Random(seed)
+
+    def gang_fits(self, count: int | None, *, leftovers: bool = False) -> None:
+        """At most ``count`` VMs of a bulk insert fit; with ``leftovers``, a bulk insert that
+        fails for it leaves the VMs that did fit behind (still being deleted)."""
+        with self.lock:
+            self.gang_fit = count
+            self.leftovers = leftovers
+
+    def add_policy(self, region: str, name: str, collocation: str = "COLLOCATED") -> None:
+        """A resource policy made outside the provider (an operator's terraform, say)."""
+        with self.lock:
+            self._new_policy(region, name, {"groupPlacementPolicy": {"collocation": collocation}})
+
+    def policies_of(self, name: str) -> list[str]:
+        """The resource policies (short names) a VM was made under."""
+        with self.lock:
+            return [
+                link.rsplit("/", 1)[-1] for link in self.find(name)[1].get("resourcePolicies", [])
+            ]
 
     def add_instance(
         self,
@@ -376,6 +412,19 @@ class ComputeEmulator:
         if not path.startswith(prefix):
             raise GoogleError(404, "notFound", f"The resource '{path}' was not found", "NOT_FOUND")
         rest = path[len(prefix) :].split("/")
+        if len(rest) >= 3 and rest[0] == "regions":
+            return self._regional(method, rest, query, body)
+        if (
+            len(rest) == 4
+            and rest[0] == "zones"
+            and rest[2:] == ["instances", "bulkInsert"]
+            and method == "POST"
+        ):
+            if rest[1] not in ZONES:
+                raise GoogleError(
+                    404, "notFound", f"The resource 'zones/{rest[1]}' was not found", "NOT_FOUND"
+                )
+            return self._bulk_insert(rest[1], query, body)
         if rest == ["aggregated", "instances"] and method == "GET":
             self._door("list", query)
             return self._aggregated(query)
@@ -646,8 +695,9 @@ class ComputeEmulator:
             del self.polls_left[(zone, name)]
             operation.update(status="DONE", progress=100, endTime=stamp(self.clock()))
             target = operation["targetLink"].rsplit("/", 1)[-1]
-            if (zone, target) in self.instances:
-                self.instances[(zone, target)]["status"] = "RUNNING"
+            for member in (target, *self.bulk_members.get((zone, name), [])):
+                if (zone, member) in self.instances:
+                    self.instances[(zone, member)]["status"] = "RUNNING"
         return operation
 
     def _operations(self, zone: str, query: dict[str, str]) -> dict[str, Any]:
@@ -666,6 +716,261 @@ class ComputeEmulator:
         if token:
             answer["nextPageToken"] = token
         return answer
+
+    # -- gangs: bulk insert ------------------------------------------------------------------
+
+    def _bulk_insert(
+        self, zone: str, query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``instances.bulkInsert``: ``count`` VMs, at least ``minCount`` of them, or none."""
+        fault = self._door("bulk", query)
+        request_id = query.get("requestId")
+        if request_id and request_id in self.by_request_id:
+            return self.operations[self.by_request_id[request_id]]
+        count = int(body.get("count") or 0)
+        min_count = int(body.get("minCount") or count)
+        if count < 1 or not 1 <= min_count <= count:
+            raise _invalid("resource.count", f"count {count}, minCount {min_count}")
+        if body.get("sourceInstanceTemplate"):
+            raise _invalid("resource.sourceInstanceTemplate", "not served by this emulator")
+        names = self._bulk_names(zone, body, count)
+        properties = dict(body.get("instanceProperties") or {})
+        if not properties.get("machineType") or "/" in str(properties["machineType"]):
+            raise _invalid(
+                "resource.instanceProperties.machineType",
+                str(properties.get("machineType", "")) + " (a machine type name is expected)",
+            )
+        if not any(
+            d.get("boot") and d.get("initializeParams", {}).get("sourceImage")
+            for d in properties.get("disks", [])
+        ):
+            raise _invalid("resource.instanceProperties.disks", "a boot disk with a source image")
+        region = zone.rsplit("-", 1)[0]
+        policies = []
+        for policy in properties.get("resourcePolicies") or []:
+            if "/" in str(policy):
+                raise _invalid("resource.instanceProperties.resourcePolicies", str(policy))
+            if (region, policy) not in self.policies:
+                raise GoogleError(
+                    404,
+                    "notFound",
+                    f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/"
+                    f"{policy}' was not found",
+                    "NOT_FOUND",
+                )
+            policies.append(self.policies[(region, policy)]["selfLink"])
+        fit = count
+        if fault == "capacity" or zone in self.full_zones:
+            fit = 0
+        if self.capacity is not None:
+            fit = min(fit, max(self.capacity, 0))
+        if self.gang_fit is not None:
+            fit = min(fit, self.gang_fit)
+        made = min(count, fit) if fault not in ("quota", "quota-global") else 0
+        succeeded = made >= min_count and fault not in ("quota", "quota-global")
+        slow = fault == "slow" and succeeded
+        operation = self._operation(
+            zone, "bulkInsert", {"name": "bulkInsert", "selfLink": self._link(zone, "instances")}
+        )
+        operation["targetLink"] = self._link(zone, "instances", "bulkInsert")
+        kept = names[:made] if succeeded else (names[:fit] if self.leftovers else [])
+        for name in kept:
+            vm = {
+                **self._expanded(zone, properties, policies),
+                "name": name,
+            }
+            status = "RUNNING" if succeeded and not slow else "STAGING"
+            self._create(zone, vm, "PROVISIONING" if slow else status)
+        if succeeded and self.capacity is not None:
+            self.capacity -= made
+        self.bulk_members[(zone, operation["name"])] = list(kept)
+        location = {
+            "targetVmCount": count,
+            "createdVmCount": made if succeeded else 0,
+            "failedToCreateVmCount": 0 if succeeded else count,
+            "deletedVmCount": 0,
+            "status": "DONE" if succeeded else ("ROLLING_BACK" if kept else "DONE"),
+        }
+        operation["instancesBulkInsertOperationMetadata"] = {
+            "perLocationStatus": {f"zones/{zone}": location}
+        }
+        if slow:
+            self.polls_left[(zone, operation["name"])] = self.slow_polls
+        else:
+            operation.update(status="DONE", progress=100, endTime=operation["insertTime"])
+        if not succeeded:
+            reason = fault if fault in ("quota", "quota-global") else "capacity"
+            operation.update(operation_error(reason, zone))
+        if request_id:
+            self.by_request_id[request_id] = (zone, operation["name"])
+        if fault == "lost":
+            raise refusal("server", self.retry_after)
+        return operation
+
+    def _bulk_names(self, zone: str, body: dict[str, Any], count: int) -> list[str]:
+        per_instance = body.get("perInstanceProperties") or {}
+        pattern = body.get("namePattern")
+        if per_instance:
+            names = list(per_instance)
+            if len(names) != count and not pattern:
+                raise _invalid(
+                    "resource.perInstanceProperties", f"{len(names)} names for count {count}"
+                )
+        elif pattern:
+            hashes = re.search(r"#+", str(pattern))
+            if hashes is None:
+                raise _invalid("resource.namePattern", str(pattern))
+            names, number = [], 1
+            while len(names) < count:
+                name = str(pattern).replace(
+                    hashes.group(0), str(number).zfill(len(hashes.group(0)))
+                )
+                if (zone, name) not in self.instances:
+                    names.append(name)
+                number += 1
+        else:
+            raise _invalid("resource", "perInstanceProperties or namePattern is required")
+        for name in names:
+            if not NAME.match(name):
+                raise _invalid("resource.perInstanceProperties", name)
+            self._refuse_taken(zone, name)
+        return names
+
+    def _expanded(
+        self, zone: str, properties: dict[str, Any], policies: list[str]
+    ) -> dict[str, Any]:
+        """An instance's body from bulk-insert instance properties (short names made links)."""
+        vm = {k: v for k, v in properties.items() if k != "resourcePolicies"}
+        vm["machineType"] = f"zones/{zone}/machineTypes/{properties['machineType']}"
+        vm["guestAccelerators"] = [
+            {**a, "acceleratorType": self._link(zone, "acceleratorTypes", a["acceleratorType"])}
+            for a in properties.get("guestAccelerators", [])
+        ]
+        if policies:
+            vm["resourcePolicies"] = policies
+        return vm
+
+    # -- gangs: resource policies ------------------------------------------------------------
+
+    def _regional(
+        self, method: str, rest: list[str], query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        region = rest[1]
+        if region not in REGIONS:
+            raise GoogleError(
+                404, "notFound", f"The resource 'regions/{region}' was not found", "NOT_FOUND"
+            )
+        if rest[2] == "resourcePolicies":
+            if len(rest) == 3 and method == "POST":
+                return self._insert_policy(region, query, body)
+            if len(rest) == 4 and method == "GET":
+                self._door("policy", query)
+                return self._policy(region, rest[3])
+        if rest[2] == "operations" and (
+            (len(rest) == 4 and method == "GET")
+            or (len(rest) == 5 and rest[4] == "wait" and method == "POST")
+        ):
+            self._door("operation", query)
+            operation = self.region_operations.get((region, rest[3]))
+            if operation is None:
+                raise GoogleError(
+                    404,
+                    "notFound",
+                    f"The resource 'projects/{self.project}/regions/{region}/operations/"
+                    f"{rest[3]}' was not found",
+                    "NOT_FOUND",
+                )
+            return operation
+        path = "/".join(rest)
+        raise GoogleError(404, "notFound", f"{method} {path} is not served here", "NOT_FOUND")
+
+    def _policy_link(self, region: str, name: str = "") -> str:
+        link = f"{BASE}/projects/{self.project}/regions/{region}/resourcePolicies"
+        return f"{link}/{name}" if name else link
+
+    def _policy(self, region: str, name: str) -> dict[str, Any]:
+        policy = self.policies.get((region, name))
+        if policy is None:
+            raise GoogleError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/{name}' "
+                "was not found",
+                "NOT_FOUND",
+            )
+        return policy
+
+    def _new_policy(self, region: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        if not NAME.match(name):
+            raise _invalid("resource.name", name)
+        if (region, name) in self.policies:
+            raise GoogleError(
+                409,
+                "alreadyExists",
+                f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/{name}' "
+                "already exists",
+                "ALREADY_EXISTS",
+            )
+        kinds = (
+            "groupPlacementPolicy",
+            "snapshotSchedulePolicy",
+            "instanceSchedulePolicy",
+            "diskConsistencyGroupPolicy",
+            "workloadPolicy",
+        )
+        if sum(1 for k in kinds if k in body) != 1:
+            raise _invalid("resource", "exactly one policy kind")
+        placement = body.get("groupPlacementPolicy")
+        if placement is not None and placement.get("collocation", "COLLOCATED") not in COLLOCATIONS:
+            raise _invalid("resource.groupPlacementPolicy.collocation", placement["collocation"])
+        policy = {
+            **body,
+            "kind": "compute#resourcePolicy",
+            "id": str(next(self._ids)),
+            "creationTimestamp": stamp(self.clock()),
+            "name": name,
+            "region": f"{BASE}/projects/{self.project}/regions/{region}",
+            "selfLink": self._policy_link(region, name),
+            "status": "READY",
+        }
+        self.policies[(region, name)] = policy
+        return policy
+
+    def _insert_policy(
+        self, region: str, query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._door("policy", query)
+        request_id = query.get("requestId")
+        if request_id and request_id in self.region_requests:
+            return self.region_operations[self.region_requests[request_id]]
+        policy = self._new_policy(region, str(body.get("name", "")), body)
+        now = stamp(self.clock())
+        number = next(self._ids)
+        name = f"operation-{number}-insert"
+        operation = {
+            "kind": "compute#operation",
+            "id": str(number),
+            "name": name,
+            "region": f"{BASE}/projects/{self.project}/regions/{region}",
+            "operationType": "insert",
+            "targetLink": policy["selfLink"],
+            "targetId": policy["id"],
+            "status": "DONE",
+            "user": "tests",
+            "progress": 100,
+            "insertTime": now,
+            "startTime": now,
+            "endTime": now,
+            "selfLink": f"{BASE}/projects/{self.project}/regions/{region}/operations/{name}",
+        }
+        self.region_operations[(region, name)] = operation
+        if request_id:
+            self.region_requests[request_id] = (region, name)
+        return operation
+
+
+def _invalid(field: str, value: str) -> GoogleError:
+    return GoogleError(400, "invalid", f"Invalid value for field '{field}': '{value}'.", "INVALID")
 
 
 # -- the contract's GCP world -------------------------------------------------------------

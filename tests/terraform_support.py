@@ -28,10 +28,18 @@ AWS_MODULES = ("aws.py", "aws_events.py", "aws_gang.py", "aws_notices.py", "aws_
 # boto3 service name -> IAM service prefix (where they differ, add them here)
 IAM_PREFIX = {"ec2": "ec2", "sqs": "sqs"}
 
+GCP_MODULES = ("gcp.py", "gcp_gang.py")
+# the provider's client accessor -> the method that makes its tuple of clients
+GCP_ACCESSORS = {"clients": "_make_clients", "placement_clients": "_make_placement_clients"}
 # Compute Engine client class -> permission collection
-GCP_COLLECTIONS = {"InstancesClient": "instances", "ZoneOperationsClient": "zoneOperations"}
+GCP_COLLECTIONS = {
+    "InstancesClient": "instances",
+    "ZoneOperationsClient": "zoneOperations",
+    "ResourcePoliciesClient": "resourcePolicies",
+    "RegionOperationsClient": "regionOperations",
+}
 # method -> permission verb where the name does not convert by case
-GCP_VERBS = {"insert": "create", "aggregated_list": "list", "wait": "get"}
+GCP_VERBS = {"insert": "create", "bulk_insert": "create", "aggregated_list": "list", "wait": "get"}
 
 # ComputeManagementClient operation group -> ARM resource type
 AZURE_COLLECTIONS = {
@@ -70,6 +78,10 @@ IMPLIED: dict[str, dict[str, str]] = {
         "compute.disks.create": "the boot disk is created with the VM (initializeParams)",
         "compute.images.useReadOnly": "the boot disk's image, when it is in the project",
         "compute.subnetworks.use": "the network interface joins the pool's subnetwork",
+    },
+    "compute.resourcePolicies.get": {
+        "compute.resourcePolicies.use": "a gang's VMs are created under the pool's compact "
+        "placement policy, which the provider has looked up",
     },
     "Microsoft.Compute/virtualMachines/write": {
         "Microsoft.Compute/disks/write": "the managed OS disk is created from the image",
@@ -356,51 +368,76 @@ def aws_calls() -> Calls:
 
 
 def gcp_calls() -> Calls:
-    """Permissions for every Compute Engine client method ``providers/gcp.py`` uses (called
-    directly or handed to its ``_call`` helper)."""
-    tree = _tree("gcp.py")
-    classes: list[str] = []
-    for function in _functions(tree):
-        if function.name != "_make_clients":
+    """Permissions for every Compute Engine client method the GCP modules use (called directly
+    or handed to the provider's ``_call`` helper), on clients unpacked from one of the provider's
+    accessors (``self.clients()``, ``provider.placement_clients()``, ...)."""
+    trees = {name: _tree(name) for name in GCP_MODULES}
+    makers = {maker: accessor for accessor, maker in GCP_ACCESSORS.items()}
+    classes: dict[str, list[str]] = {}
+    for function in _functions(trees["gcp.py"]):
+        accessor = makers.get(function.name)
+        if accessor is None:
             continue
         for node in ast.walk(function):
-            if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
-                for element in node.value.elts:
-                    if isinstance(element, ast.Call) and isinstance(element.func, ast.Attribute):
-                        classes.append(element.func.attr)
+            if not isinstance(node, ast.Return):
+                continue
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else []
+            made = [_made_client(v, function) for v in values]
+            classes[accessor] = [m for m in made if m is not None]
     calls = Calls()
-    if not classes:
-        calls.unknown.append("providers/gcp.py: _make_clients returns no tuple of clients")
+    missing = sorted(set(GCP_ACCESSORS) - set(classes))
+    if missing:
+        calls.unknown.append(f"providers/gcp.py: no tuple of clients for {', '.join(missing)}")
         return calls
-    for function in _functions(tree):
-        local: dict[str, str] = {}
-        for node in ast.walk(function):
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.targets[0], ast.Tuple)
-                and isinstance(node.value, ast.Call)
-                and _is_self_attr(node.value.func, "clients")
-            ):
+    for module, tree in trees.items():
+        for function in _functions(tree):
+            local: dict[str, str] = {}
+            for node in ast.walk(function):
+                if not (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.targets[0], ast.Tuple)
+                    and isinstance(node.value, ast.Call)
+                    and isinstance(node.value.func, ast.Attribute)
+                    and node.value.func.attr in classes
+                ):
+                    continue
+                made = classes[node.value.func.attr]
                 for position, element in enumerate(node.targets[0].elts):
                     if isinstance(element, ast.Name) and element.id != "_":
-                        local[element.id] = classes[position]
-        for node in ast.walk(function):
-            if not (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in local
-            ):
-                continue
-            where = f"providers/gcp.py:{node.lineno}"
-            client = local[node.value.id]
-            collection = GCP_COLLECTIONS.get(client)
-            if collection is None:
-                calls.unknown.append(f"{where}: no permission collection for {client}")
-                continue
-            method = node.attr.removesuffix("_unary")
-            verb = GCP_VERBS.get(method, lower_camel(method))
-            calls.add(f"compute.{collection}.{verb}", where)
+                        local[element.id] = made[position]
+            for node in ast.walk(function):
+                if not (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in local
+                ):
+                    continue
+                where = f"providers/{module}:{node.lineno}"
+                client = local[node.value.id]
+                collection = GCP_COLLECTIONS.get(client)
+                if collection is None:
+                    calls.unknown.append(f"{where}: no permission collection for {client}")
+                    continue
+                method = node.attr.removesuffix("_unary")
+                verb = GCP_VERBS.get(method, lower_camel(method))
+                calls.add(f"compute.{collection}.{verb}", where)
     return calls
+
+
+def _made_client(node: ast.AST, function: ast.FunctionDef) -> str | None:
+    """The client class a returned value is made from: ``compute_v1.X(...)`` itself, or a name
+    assigned from one in the same function."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr
+    if isinstance(node, ast.Name):
+        for assign in ast.walk(function):
+            if (
+                isinstance(assign, ast.Assign)
+                and isinstance(assign.targets[0], ast.Name)
+                and assign.targets[0].id == node.id
+            ):
+                return _made_client(assign.value, function)
+    return None
 
 
 def azure_calls() -> Calls:

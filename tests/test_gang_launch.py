@@ -15,12 +15,21 @@ import boto3
 import pytest
 from aws_placement import PlacementProxy
 from aws_support import REGION, Faults, inject, instance_tags
+from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
+from gcp_emulator import REGION as GCP_REGION
 
 from autoscaler.clock import ManualClock
-from autoscaler.errors import CapacityError, InputError, InvalidRequest, ThrottledError
+from autoscaler.errors import (
+    CapacityError,
+    InputError,
+    InvalidRequest,
+    ThrottledError,
+    TransientError,
+)
 from autoscaler.model import InstanceState, Pool
 from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
 from providers.aws import AwsProvider
+from providers.gcp import GcpProvider, tags_from_labels
 from providers.placement import derived_name
 
 FLEET = "fleet-g"
@@ -279,4 +288,191 @@ def test_aws_placement_option_is_checked(placement: dict[str, Any], message: str
     pool = pool.model_copy(update={"options": {**pool.options, "placement_group": placement}})
     with pytest.raises(InputError, match=r"pools\[0\]\.options\.placement_group") as caught:
         AwsProvider.from_config({}, [pool], FLEET)
+    assert message in str(caught.value)
+
+
+# -- GCP ------------------------------------------------------------------------------------------
+
+GCP_A, GCP_B = f"{GCP_REGION}-a", f"{GCP_REGION}-b"
+
+
+def gcp_pool(
+    name: str = "a2-8g", *, zones: tuple[str, ...] = (GCP_A, GCP_B), **options: Any
+) -> Pool:
+    return Pool(
+        name=name,
+        provider="gcp",
+        region=GCP_REGION,
+        instance_type="a2-highgpu-8g",
+        gpus_per_instance=8,
+        market="spot",  # type: ignore[arg-type]
+        options={"zones": list(zones), "image": IMAGE, **options},
+    )
+
+
+def gcp_provider(gcp: ComputeEmulator, pools: list[Pool], **settings: Any) -> GcpProvider:
+    clock = ManualClock(NOW)
+    gcp.clock = clock.now
+    return GcpProvider.from_config(
+        {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10, **settings},
+        pools,
+        FLEET,
+        clock,
+    )
+
+
+def calls(gcp: ComputeEmulator, method: str, suffix: str) -> int:
+    return sum(1 for m, path in gcp.requests if m == method and path.endswith(suffix))
+
+
+def test_gcp_gang_is_one_bulk_insert_under_the_policy_it_created(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    provider = gcp_provider(gcp, [pool])
+    result = gang_of(provider).launch_gang(pool, 3, "gang-1", FLEET)
+    assert len(result.instances) == 3 and result.shortfall is None and not result.already_existed
+    name = derived_name(FLEET, "a2-8g")
+    policy = gcp.policies[(GCP_REGION, name)]
+    assert policy["groupPlacementPolicy"]["collocation"] == "COLLOCATED"
+    assert FLEET in policy["description"] and "a2-8g" in policy["description"]
+    assert calls(gcp, "POST", "/instances/bulkInsert") == 1
+    assert calls(gcp, "POST", "/instances") == 0, "no VM is inserted on its own"
+    ids = sorted(i.id for i in result.instances)
+    assert sorted(gcp.live()) == ids
+    for vm_name in ids:
+        assert gcp.policies_of(vm_name) == [name]
+        zone, vm = gcp.find(vm_name)
+        assert zone == GCP_A
+        assert vm["machineType"].endswith("/zones/us-central1-a/machineTypes/a2-highgpu-8g")
+        tags = tags_from_labels(vm["labels"])
+        assert tags[FLEET_TAG] == FLEET and tags[POOL_TAG] == "a2-8g"
+        assert tags[REQUEST_TAG] == "gang-1" and float(tags[LAUNCHED_AT_TAG]) == NOW
+        assert vm["scheduling"]["provisioningModel"] == "SPOT"
+    assert sorted(i.id for i in provider.list_instances(FLEET)) == ids
+
+
+def test_gcp_gang_under_a_named_policy_creates_none(gcp: ComputeEmulator) -> None:
+    gcp.add_policy(GCP_REGION, "rack-a")
+    pool = gcp_pool(placement_policy={"name": "rack-a"})
+    result = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 2, "gang-n", FLEET)
+    assert {p for i in result.instances for p in gcp.policies_of(i.id)} == {"rack-a"}
+    assert calls(gcp, "POST", "/resourcePolicies") == 0
+
+
+def test_gcp_a_named_policy_that_does_not_exist_is_a_config_mistake(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"name": "nowhere"})
+    with pytest.raises(InvalidRequest, match="resource policy 'nowhere' does not exist"):
+        gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 2, "gang-x", FLEET)
+    assert gcp.instances == {} and calls(gcp, "POST", "/instances/bulkInsert") == 0
+
+
+def test_gcp_policy_is_reused_across_gangs_and_restarts(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    provider = gcp_provider(gcp, [pool])
+    gang_of(provider).launch_gang(pool, 2, "gang-a", FLEET)
+    gang_of(provider).launch_gang(pool, 2, "gang-b", FLEET)
+    gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 2, "gang-c", FLEET)
+    assert calls(gcp, "POST", "/resourcePolicies") == 1
+    assert len(gcp.policies) == 1 and len(gcp.live()) == 6
+
+
+def test_gcp_a_full_zone_hands_the_whole_gang_to_the_next(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    gcp.full_zones.add(GCP_A)
+    result = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-z", FLEET)
+    assert {gcp.find(i.id)[0] for i in result.instances} == {GCP_B}
+
+
+def test_gcp_all_or_nothing_refused_in_every_zone_makes_nothing(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    gcp.gang_fits(2)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-big", FLEET)
+    assert caught.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert calls(gcp, "POST", "/instances/bulkInsert") == 2, "one try per zone"
+    assert gcp.instances == {}
+
+
+def test_gcp_vms_a_failed_bulk_insert_left_behind_are_deleted(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(zones=(GCP_A,), placement_policy={"create": True})
+    provider = gcp_provider(gcp, [pool])
+    gcp.gang_fits(2, leftovers=True)
+    with pytest.raises(CapacityError):
+        gang_of(provider).launch_gang(pool, 4, "gang-left", FLEET)
+    assert calls(gcp, "DELETE", "") == 2, "the two that fitted were deleted"
+    assert gcp.live() == {}
+    assert [i for i in provider.list_instances(FLEET) if i.state in LIVE] == []
+
+
+def test_gcp_retry_returns_the_whole_gang_and_buys_nothing_more(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    first = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    again = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    assert again.already_existed
+    assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
+    assert calls(gcp, "POST", "/instances/bulkInsert") == 1 and len(gcp.live()) == 3
+
+
+def test_gcp_an_answer_lost_on_the_way_back_is_found_by_the_retry(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    provider = gcp_provider(gcp, [pool])
+    gcp.fail_next("bulk", "lost")
+    with pytest.raises(TransientError):
+        gang_of(provider).launch_gang(pool, 2, "gang-lost", FLEET)
+    again = gang_of(provider).launch_gang(pool, 2, "gang-lost", FLEET)
+    assert again.already_existed and len(again.instances) == 2 and len(gcp.live()) == 2
+
+
+def test_gcp_retry_that_finds_part_of_a_gang_deletes_it(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    launched = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    gcp.preempt(launched.instances[0].id, delete=True)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    assert caught.value.code == "GangIncomplete"
+    assert gcp.live() == {} and calls(gcp, "POST", "/instances/bulkInsert") == 1
+
+
+def test_gcp_a_bulk_insert_not_done_in_time_counts_whole(gcp: ComputeEmulator) -> None:
+    pool = gcp_pool(placement_policy={"create": True})
+    provider = gcp_provider(gcp, [pool], operation_timeout_s=0.3)
+    gcp.slow_polls = 10_000
+    gcp.fail_next("bulk", "slow")
+    result = gang_of(provider).launch_gang(pool, 2, "gang-slow", FLEET)
+    assert len(result.instances) == 2
+    assert {i.state for i in result.instances} == {InstanceState.PENDING}
+    assert {vm["status"] for vm in gcp.live().values()} == {"PROVISIONING"}
+
+
+def test_gcp_guest_gpus_are_named_as_a_bulk_insert_takes_them(gcp: ComputeEmulator) -> None:
+    pool = Pool(
+        name="t4",
+        provider="gcp",
+        region=GCP_REGION,
+        zone=GCP_A,
+        instance_type="n1-standard-8",
+        gpus_per_instance=2,
+        market="on-demand",  # type: ignore[arg-type]
+        options={"image": IMAGE, "accelerator_type": "nvidia-tesla-t4"},
+    )
+    result = gang_of(gcp_provider(gcp, [pool])).launch_gang(pool, 2, "gang-t4", FLEET)
+    for instance in result.instances:
+        (accelerator,) = gcp.find(instance.id)[1]["guestAccelerators"]
+        assert accelerator["acceleratorType"].endswith(
+            "/zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4"
+        )
+        assert int(accelerator["acceleratorCount"]) == 2
+    assert calls(gcp, "POST", "/resourcePolicies") == 0, "no option, no policy"
+
+
+@pytest.mark.parametrize(
+    ("placement", "message"),
+    [
+        ({}, "give the name of an existing group, or create: true"),
+        ({"name": "Rack_A"}, "expected a resource name"),
+    ],
+)
+def test_gcp_placement_option_is_checked(placement: dict[str, Any], message: str) -> None:
+    pool = gcp_pool(placement_policy=placement)
+    with pytest.raises(InputError, match=r"pools\[0\]\.options\.placement_policy") as caught:
+        GcpProvider.from_config({"project": PROJECT}, [pool], FLEET)
     assert message in str(caught.value)

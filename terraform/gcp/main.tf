@@ -23,6 +23,13 @@ locals {
     # zoneOperations.wait (an insert's operation) and zoneOperations.list (preemptions)
     "compute.zoneOperations.get",
     "compute.zoneOperations.list",
+    # gangs (providers/gcp_gang.py): instances.bulkInsert is authorised as instances.create;
+    # the pool's compact placement policy is read, made when asked, and used by the VMs
+    "compute.resourcePolicies.get",
+    "compute.resourcePolicies.create",
+    "compute.resourcePolicies.use",
+    # regionOperations.wait (a resource policy insert's operation)
+    "compute.regionOperations.get",
   ]
   workload_project = coalesce(var.workload_identity_project, var.project)
 }
