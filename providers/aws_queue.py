@@ -1,21 +1,28 @@
 """SQS as a queue source: every message waiting or being worked on is a job of
-``gpus_per_message`` GPUs (KEDA's SQS scaler counts the same way)."""
+``gpus_per_message`` GPUs (KEDA's SQS scaler counts the same way), of the shape the settings
+give (``nodes``, ``gpu_models``, ``min_gpu_memory_gib``).
+
+Messages are counted, never read: receiving one to look at its shape would hide it from the
+workers for the visibility timeout and count towards its ``maxReceiveCount``, sending work to
+the dead-letter queue that nobody failed. Work of different shapes goes in different queues,
+one source each."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import Field, PositiveInt
 
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
+from autoscaler.sources.job_shape import ShapeSettings
 from providers.aws_errors import typed
 
 
-class SqsSourceSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class SqsSourceSettings(ShapeSettings):
+    gpus_field = "gpus_per_message"
 
     queue_url: str
     region: str
@@ -75,12 +82,16 @@ class SqsQueueSource:
         jobs = sum(int(attributes.get(name, 0)) for name in names)
         if jobs == 0:
             return []
+        shape = self.settings.job_shape()
         return [
             DemandGroup(
-                gpus_per_job=self.settings.gpus_per_message,
+                gpus_per_job=shape.gpus,
                 jobs=jobs,
                 checkpoint_interval_s=self.settings.checkpoint_interval_s,
                 high_priority=self.settings.high_priority,
+                nodes=shape.nodes,
+                gpu_models=shape.gpu_models,
+                min_gpu_memory_gib=shape.min_gpu_memory_gib,
                 oldest_submit_time=now,
             )
         ]

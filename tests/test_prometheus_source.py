@@ -48,6 +48,23 @@ def test_a_vector_without_labels_is_one_group_rounded_up(prometheus_world: Prome
     assert group.oldest_submit_time == now
 
 
+def test_the_counted_jobs_have_the_shape_the_settings_give(
+    prometheus_world: PrometheusWorld,
+) -> None:
+    source = queue(
+        prometheus_world.url,
+        SUM,
+        gpus_per_unit=16,
+        nodes=2,
+        gpu_models=["H100", "A100-80GB", "H100"],
+        min_gpu_memory_gib=80,
+    )
+    (group,) = source.read(time.time())
+    assert (group.jobs, group.gpus_per_job, group.nodes, group.gpus_per_node) == (6, 16, 2, 8)
+    assert (group.gpu_models, group.min_gpu_memory_gib) == (("A100-80GB", "H100"), 80.0)
+    assert group.shape.describe() == "8 GPU(s) of A100-80GB|H100 with >= 80 GiB each"
+
+
 def test_a_scalar_is_demand_too(prometheus_world: PrometheusWorld) -> None:
     (group,) = queue(prometheus_world.url, 'scalar(queue_depth{queue="train"})').read(time.time())
     assert (group.jobs, group.gpus_per_job) == (3, 1)
@@ -197,6 +214,13 @@ def test_an_unset_token_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> No
         ),
         ({"url": "http://p:9090", "query": "up", "gpus_per_unit": 0}, "sources.work.gpus_per_unit"),
         ({"url": "http://p:9090"}, "sources.work.query"),
+        ({"url": "http://p:9090", "query": "up", "gpus_per_unit": 6, "nodes": 4}, "sources.work"),
+        ({"url": "http://p:9090", "query": "up", "nodes": 0}, "sources.work.nodes"),
+        ({"url": "http://p:9090", "query": "up", "gpu_models": [""]}, "sources.work.gpu_models[0]"),
+        (
+            {"url": "http://p:9090", "query": "up", "min_gpu_memory_gib": 0},
+            "sources.work.min_gpu_memory_gib",
+        ),
     ],
 )
 def test_settings_errors_name_the_field(block: dict[str, Any], field: str) -> None:

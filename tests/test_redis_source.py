@@ -3,8 +3,10 @@ and every way Redis can fail turning into one SourceError line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +225,9 @@ def test_an_unset_password_variable_is_named(
         ({"url": "http://127.0.0.1:6379"}, "sources.work.url", ""),
         ({"mode": "set"}, "sources.work.mode", ""),
         ({"gpus_per_item": 0}, "sources.work.gpus_per_item", ""),
+        ({"gpus_per_item": 6, "nodes": 4}, "sources.work", "multiple of nodes (4)"),
+        ({"gpu_models": "A100"}, "sources.work.gpu_models", ""),
+        ({"max_items_read": 0}, "sources.work.max_items_read", ""),
     ],
 )
 def test_settings_errors_name_the_field(extra: dict[str, Any], field: str, complaint: str) -> None:
@@ -254,3 +259,161 @@ def test_list_demand_is_always_what_is_left_times_gpus_per_item(
     groups = source(redis_server, key, gpus_per_item=gpus).read(NOW)
     assert sum(g.gpus for g in groups) == left * gpus
     assert all(g.jobs > 0 for g in groups)
+
+
+def _shapes(groups: Sequence[DemandGroup]) -> dict[tuple[Any, ...], int]:
+    return {(g.gpus_per_job, g.nodes, g.gpu_models, g.min_gpu_memory_gib): g.jobs for g in groups}
+
+
+def test_the_settings_give_every_item_its_shape(redis_server: RedisServer) -> None:
+    key = fresh_key()
+    redis_server.client().rpush(key, *[f"job-{i}" for i in range(4)])
+    shaped = source(
+        redis_server,
+        key,
+        gpus_per_item=16,
+        nodes=2,
+        gpu_models=["H100", "A100-80GB"],
+        min_gpu_memory_gib=80,
+    )
+    (group,) = shaped.read(NOW)
+    assert (group.jobs, group.gpus_per_node, group.shape.gpus) == (4, 8, 8)
+    assert _shapes([group]) == {(16, 2, ("A100-80GB", "H100"), 80.0): 4}
+
+
+SHAPED_ITEMS = [
+    '{"gpus": 8, "nodes": 2, "gpu_model": "H100"}',
+    '{"gpus_per_node": 4, "nodes": 2, "gpu_models": ["h100", "a100"]}',
+    '{"min_gpu_memory_gib": 80, "payload": "train.py"}',
+    '{"nodes": 3}',
+    "job-plain",
+    '{"task": "no shape fields"}',
+    '"a JSON string"',
+    '{"gpus": "lots"}',
+    '{"gpus": 6, "nodes": 4}',
+    '{"gpu_model": "A100", "gpu_models": ["H100"]}',
+]
+
+
+def test_list_items_carry_their_own_shapes_and_bad_ones_are_left_out(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = fresh_key()
+    redis_server.client().lpush(key, *SHAPED_ITEMS)
+    queue = source(redis_server, key, item_shapes=True, gpus_per_item=2, gpu_models=["A100"])
+
+    with caplog.at_level(logging.WARNING):
+        groups = queue.read(NOW)
+        assert queue.read(NOW) == groups
+
+    assert _shapes(groups) == {
+        (8, 2, ("H100",), None): 1,
+        (8, 2, ("a100", "h100"), None): 1,
+        (2, 1, ("A100",), 80.0): 1,
+        (6, 3, ("A100",), None): 1,
+        (2, 1, ("A100",), None): 3,
+    }
+    assert all(g.oldest_submit_time == NOW for g in groups)
+    assert queue.malformed_items == 3
+    (warning,) = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert warning.startswith(f"redis source 'work' (key '{key}' at 127.0.0.1:")
+    assert "3 item(s) with a shape that cannot be read, left out of demand: list item" in warning
+    assert "gpus 'lots' is not a whole number" in warning
+    assert "gpus 6 is not a multiple of nodes 4" in warning
+    assert "gives both gpu_model and gpu_models" in warning
+    plain = source(redis_server, key, gpus_per_item=2).read(NOW)
+    assert _shapes(plain) == {(2, 1, (), None): len(SHAPED_ITEMS)}, "off: counted as before"
+
+
+def test_stream_entries_carry_shapes_and_each_shape_ages_from_its_oldest_entry(
+    redis_server: RedisServer,
+) -> None:
+    key = fresh_key()
+    client = redis_server.client()
+    base = 1_700_000_000_000
+    client.xadd(key, {"job": "a"}, id=f"{base}-0")
+    client.xadd(key, {"gpus": "8", "nodes": "2", "gpu_models": "a100|h100"}, id=f"{base + 5000}-0")
+    client.xadd(key, {"gpus": "8", "nodes": "2", "gpu_models": "h100,a100"}, id=f"{base + 9000}-0")
+    client.xadd(key, {"min_gpu_memory_gib": "-4"}, id=f"{base + 9500}-0")
+
+    groups = source(redis_server, key, mode="stream", item_shapes=True).read(NOW)
+
+    by_shape = {(g.gpus_per_job, g.nodes, g.gpu_models): g for g in groups}
+    assert set(by_shape) == {(1, 1, ()), (8, 2, ("a100", "h100"))}
+    assert (by_shape[(1, 1, ())].jobs, by_shape[(1, 1, ())].oldest_submit_time) == (
+        1,
+        1_700_000_000.0,
+    )
+    gang = by_shape[(8, 2, ("a100", "h100"))]
+    assert (gang.jobs, gang.oldest_submit_time) == (2, 1_700_000_005.0)
+
+
+def test_a_consumer_groups_pending_and_undelivered_entries_carry_shapes(
+    redis_server: RedisServer,
+) -> None:
+    key = fresh_key()
+    client = redis_server.client()
+    shapes = [{"gpus": "4"}, {"gpus": "8", "nodes": "2"}, {"job": "x"}, {"gpu_model": "H100"}]
+    ids = [
+        client.xadd(key, fields, id=f"{1_700_000_000_000 + i * 1000}-0")
+        for i, fields in enumerate(shapes * 3)
+    ]
+    client.xgroup_create(key, "workers", id="0")
+    client.xreadgroup("workers", "w1", {key: ">"}, count=5)
+    client.xack(key, "workers", ids[0])
+    client.xdel(key, ids[1])
+    # pending: 1 (deleted), 2 plain, 3 H100, 4 gpus 4; undelivered: 5 (gpus 8 on 2 nodes) to 11
+
+    groups = source(
+        redis_server, key, mode="pending", group="workers", item_shapes=True, max_items_read=7
+    ).read(NOW)
+
+    assert sum(g.jobs for g in groups) == 12 - 1
+    assert _shapes(groups) == {
+        (4, 1, (), None): 1,
+        (8, 2, (), None): 1,
+        (1, 1, (), None): 2 + 5,
+        (1, 1, ("H100",), None): 2,
+    }, "pending 2-4 and undelivered 5-7 read (1 was deleted); the other 5 as the settings say"
+
+
+def test_at_most_max_items_read_are_read_the_rest_have_the_settings_shape(
+    redis_server: RedisServer,
+) -> None:
+    key = fresh_key()
+    client = redis_server.client()
+    client.lpush(key, *['{"gpus": 4}'] * 2500)
+    client.lpush(key, *["plain"] * 10)
+    read_some = source(redis_server, key, item_shapes=True, max_items_read=2000)
+    assert _shapes(read_some.read(NOW)) == {(4, 1, (), None): 2000, (1, 1, (), None): 510}
+    read_all = source(redis_server, key, item_shapes=True, max_items_read=5000)
+    assert _shapes(read_all.read(NOW)) == {(4, 1, (), None): 2500, (1, 1, (), None): 10}
+
+
+item_texts = st.one_of(
+    st.sampled_from(SHAPED_ITEMS),
+    st.builds(
+        lambda gpus, nodes, models: json.dumps(
+            {"gpus_per_node": gpus, "nodes": nodes, "gpu_models": models}
+        ),
+        st.integers(-2, 9),
+        st.integers(-1, 5),
+        st.lists(st.sampled_from(["a100", "h100", "", 7]), max_size=3),
+    ),
+    st.text(max_size=20),
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(items=st.lists(item_texts, min_size=1, max_size=30))
+def test_every_readable_item_is_counted_once_in_a_valid_group(
+    redis_server: RedisServer, items: list[str]
+) -> None:
+    key = fresh_key()
+    redis_server.client().rpush(key, *items)
+    queue = source(redis_server, key, item_shapes=True, gpus_per_item=2, nodes=2)
+    groups = queue.read(NOW)
+    assert sum(g.jobs for g in groups) + queue.malformed_items == len(items)
+    for group in groups:
+        assert DemandGroup.model_validate(group.model_dump()) == group
+        assert group.jobs > 0 and group.gpus_per_node * group.nodes == group.gpus_per_job

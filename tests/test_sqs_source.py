@@ -33,6 +33,36 @@ def test_waiting_and_in_flight_messages_are_demand(aws: str) -> None:
     assert waiting.jobs == 3
 
 
+def test_the_counted_messages_have_the_shape_the_settings_give(aws: str) -> None:
+    """Messages are counted, never received: looking at one would hide it from the workers and
+    count towards its dead-letter limit."""
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=aws)
+    queue = sqs.create_queue(QueueName="gangs")["QueueUrl"]
+    for index in range(3):
+        sqs.send_message(QueueUrl=queue, MessageBody=f'{{"job": {index}}}')
+
+    shaped = source(
+        aws, queue, gpus_per_message=16, nodes=2, gpu_models=["h100"], min_gpu_memory_gib=80
+    )
+    (group,) = shaped.read(100.0)
+
+    assert (group.jobs, group.gpus_per_job, group.nodes, group.gpus_per_node) == (3, 16, 2, 8)
+    assert (group.gpu_models, group.min_gpu_memory_gib) == (("h100",), 80.0)
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "3"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+    (plain,) = source(aws, queue).read(100.0)
+    assert (plain.gpus_per_job, plain.nodes, plain.gpu_models, plain.min_gpu_memory_gib) == (
+        1,
+        1,
+        (),
+        None,
+    )
+
+
 def test_a_missing_queue_is_a_typed_error_not_zero(aws: str) -> None:
     missing = f"{aws}/123456789012/no-such-queue"
     with pytest.raises(ProviderError) as caught:
@@ -48,3 +78,11 @@ def test_settings_errors_name_the_field() -> None:
         )
     with pytest.raises(InputError, match=r"sources\.jobs\.region"):
         SqsQueueSource.from_config({"queue_url": "q"}, "jobs")
+    with pytest.raises(InputError, match=r"sources\.jobs: .*multiple of nodes \(4\)"):
+        SqsQueueSource.from_config(
+            {"queue_url": "q", "region": REGION, "gpus_per_message": 6, "nodes": 4}, "jobs"
+        )
+    with pytest.raises(InputError, match=r"sources\.jobs\.min_gpu_memory_gib"):
+        SqsQueueSource.from_config(
+            {"queue_url": "q", "region": REGION, "min_gpu_memory_gib": -1}, "jobs"
+        )

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
 from autoscaler.sources import GpuSample, SourceError
+from autoscaler.sources.job_shape import ShapeSettings
 
 MAX_BODY = 16 * 1024 * 1024
 SHOWN_LABELS = 240
@@ -181,8 +182,12 @@ class _PrometheusApi:
         return f"cannot reach {self.endpoint} ({reason})"
 
 
-class PrometheusQueueSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class PrometheusQueueSettings(ShapeSettings):
+    """A query's value counts jobs; their shape (``nodes``, ``gpu_models``,
+    ``min_gpu_memory_gib``) is the settings', since a number carries none. Work of different
+    shapes is counted by different sources (one query each)."""
+
+    gpus_field = "gpus_per_unit"
 
     url: str = Field(pattern=r"^https?://", description="Prometheus's base URL")
     query: str = Field(min_length=1, description="PromQL whose value is the pending work")
@@ -231,12 +236,16 @@ def demand_from_samples(
                     "(partition_label)"
                 )
         jobs[partition] = jobs.get(partition, 0) + math.ceil(sample.value)
+    shape = settings.job_shape()
     return [
         DemandGroup(
-            gpus_per_job=settings.gpus_per_unit,
+            gpus_per_job=shape.gpus,
             jobs=count,
             checkpoint_interval_s=settings.checkpoint_interval_s,
             high_priority=settings.high_priority,
+            nodes=shape.nodes,
+            gpu_models=shape.gpu_models,
+            min_gpu_memory_gib=shape.min_gpu_memory_gib,
             partition=partition,
             oldest_submit_time=now,
         )

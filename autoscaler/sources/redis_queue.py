@@ -1,4 +1,5 @@
-"""A Redis list or stream as a queue source: every waiting item is a job of ``gpus_per_item`` GPUs.
+"""A Redis list or stream as a queue source: every waiting item is a job of ``gpus_per_item`` GPUs
+(of the settings' shape: nodes, GPU models, GPU memory), or of the shape the item states.
 
 Three ways to count, as KEDA's Redis scalers do:
 
@@ -11,23 +12,38 @@ Three ways to count, as KEDA's Redis scalers do:
 Stream entry IDs made by ``XADD *`` start with their millisecond timestamp, so a stream's oldest
 waiting entry says how long work has waited; a list carries no such time and reads as "now".
 
+With ``item_shapes``, the waiting items are read too (``LRANGE``/``XRANGE``, which take nothing
+from the workers), and an item that is a JSON object, or a stream entry, with shape fields
+(``autoscaler.sources.job_shape``) is a job of that shape. Reading costs a round trip per
+thousand items, so at most ``max_items_read`` are read a tick (the oldest); the rest count with
+the settings' shape. An item whose shape fields are wrong is left out of demand and logged: a
+shape we cannot read cannot be launched for, and one bad producer must not hide everyone's work.
+
 The password never travels in the URL or the settings: ``password_env`` names an environment
 variable holding it, and it is scrubbed from every error this source raises.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
-from autoscaler.sources import SourceError
+from autoscaler.sources import GroupKey, SourceError, groups_from_counts
+from autoscaler.sources.job_shape import (
+    BadShapeError,
+    JobShape,
+    ShapeSettings,
+    item_shape,
+    json_item_fields,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -39,8 +55,13 @@ class RedisMode(StrEnum):
     PENDING = "pending"
 
 
-class RedisQueueSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+log = logging.getLogger(__name__)
+PAGE = 1000
+SHOWN_MALFORMED = 3
+
+
+class RedisQueueSettings(ShapeSettings):
+    gpus_field = "gpus_per_item"
 
     url: str = Field(
         pattern=r"^(redis|rediss|unix)://",
@@ -59,6 +80,12 @@ class RedisQueueSettings(BaseModel):
         None, min_length=1, description="NAME of the environment variable holding the password"
     )
     socket_timeout_s: PositiveFloat = 2.0
+    item_shapes: bool = Field(
+        False, description="read each waiting item's own shape fields (JSON object, entry fields)"
+    )
+    max_items_read: PositiveInt = Field(
+        10_000, le=1_000_000, description="items whose shape is read per tick; the rest: settings'"
+    )
 
     @model_validator(mode="after")
     def _group_matches_mode(self) -> RedisQueueSettings:
@@ -77,6 +104,9 @@ class RedisQueueSource:
         self.name = name
         self._client: redis.Redis | None = None
         self._password: str | None = None
+        self._default = settings.job_shape()
+        self.malformed_items = 0
+        self._last_complaint = ""
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> RedisQueueSource:
@@ -85,23 +115,125 @@ class RedisQueueSource:
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         try:
-            items, oldest = self._count(self._connect())
+            client = self._connect()
+            if self.settings.item_shapes:
+                return self._read_shapes(client, now)
+            items, oldest = self._count(client)
         except SourceError:
             raise
         except Exception as exc:
             raise self._failure(self._explain(exc)) from None
         if items == 0:
             return []
-        return [
-            DemandGroup(
-                gpus_per_job=self.settings.gpus_per_item,
-                jobs=items,
-                checkpoint_interval_s=self.settings.checkpoint_interval_s,
-                high_priority=self.settings.high_priority,
-                partition=self.settings.partition,
-                oldest_submit_time=now if oldest is None else min(oldest, now),
+        return self._groups({self._default: items}, {self._default: oldest}, now)
+
+    def _groups(
+        self, counts: Mapping[JobShape, int], oldest: Mapping[JobShape, float | None], now: float
+    ) -> list[DemandGroup]:
+        settings = self.settings
+        keyed: dict[GroupKey, int] = {}
+        since: dict[GroupKey, float] = {}
+        for shape, count in counts.items():
+            if count <= 0:
+                continue
+            key = GroupKey(
+                shape.gpus,
+                settings.checkpoint_interval_s,
+                settings.high_priority,
+                shape.gpu_models,
+                settings.partition,
+                shape.nodes,
+                shape.min_gpu_memory_gib,
             )
-        ]
+            keyed[key] = count
+            first = oldest.get(shape)
+            since[key] = now if first is None else min(first, now)
+        return groups_from_counts(keyed, since)
+
+    def _read_shapes(self, client: redis.Redis, now: float) -> list[DemandGroup]:
+        """Demand by the shapes the waiting items state (the oldest ``max_items_read``); items
+        not read count with the settings' shape, malformed ones not at all."""
+        total, items, first = self._waiting_items(client)
+        counts: dict[JobShape, int] = {}
+        oldest: dict[JobShape, float | None] = {}
+        malformed: list[str] = []
+        for item in items:
+            try:
+                shape = (
+                    self._default if item.fields is None else item_shape(item.fields, self._default)
+                )
+            except BadShapeError as exc:
+                malformed.append(f"{item.where}: {exc}")
+                continue
+            counts[shape] = counts.get(shape, 0) + 1
+            oldest[shape] = _earlier(oldest.get(shape), item.submitted)
+        unread = max(0, total - len(items))
+        if unread:
+            counts[self._default] = counts.get(self._default, 0) + unread
+            oldest[self._default] = _earlier(oldest.get(self._default), first)
+        self._report_malformed(malformed)
+        return self._groups(counts, oldest, now)
+
+    def _report_malformed(self, malformed: list[str]) -> None:
+        """Malformed items are counted in ``malformed_items`` every read, and logged when what is
+        malformed changes (not every tick for the same items)."""
+        self.malformed_items = len(malformed)
+        complaint = "; ".join(malformed[:SHOWN_MALFORMED])
+        if malformed and complaint != self._last_complaint:
+            more = len(malformed) - SHOWN_MALFORMED
+            log.warning(
+                "%s: %d item(s) with a shape that cannot be read, left out of demand: %s%s",
+                self._where(),
+                len(malformed),
+                complaint,
+                f" (and {more} more)" if more > 0 else "",
+            )
+        self._last_complaint = complaint
+
+    def _waiting_items(self, client: redis.Redis) -> tuple[int, list[_Item], float | None]:
+        """How many items wait, the oldest of them with their fields, and the oldest submit time
+        of all; one transaction for a list or a stream, so count and items agree."""
+        key, most = self.settings.key, self.settings.max_items_read
+        if self.settings.mode is RedisMode.LIST:
+            pipe = client.pipeline(transaction=True)
+            pipe.llen(key)
+            pipe.lrange(key, -most, -1)
+            length, raw = pipe.execute()
+            items = [
+                _Item(f"list item {index - len(raw)}", json_item_fields(str(value)), None)
+                for index, value in enumerate(raw)
+            ]
+            return int(length), items, None
+        if self.settings.mode is RedisMode.STREAM:
+            pipe = client.pipeline(transaction=True)
+            pipe.xlen(key)
+            pipe.xrange(key, "-", "+", count=most)
+            length, entries = pipe.execute()
+            items = _entry_items(entries)
+            return int(length), items, items[0].submitted if items else None
+        total, first = self._backlog(client)
+        return total, self._backlog_items(client, most), first
+
+    def _backlog_items(self, client: redis.Redis, most: int) -> list[_Item]:
+        """The consumer group's pending entries (oldest first), then its undelivered ones. A
+        pending entry deleted from the stream has no fields left and is not among them."""
+        key, group = self.settings.key, self.settings.group
+        assert group is not None
+        pending = client.xpending_range(key, group, min="-", max="+", count=most)
+        pipe = client.pipeline(transaction=False)
+        for entry in pending:
+            entry_id = str(entry["message_id"])
+            pipe.xrange(key, entry_id, entry_id, count=1)
+        items = [item for found in pipe.execute() for item in _entry_items(found)]
+        left = most - len(pending)
+        info = next((g for g in client.xinfo_groups(key) if g.get("name") == group), None)
+        after = f"({info['last-delivered-id']}" if info else None
+        while left > 0 and after is not None:
+            entries = client.xrange(key, after, "+", count=min(PAGE, left)) or []
+            items.extend(_entry_items(entries))
+            left -= len(entries)
+            after = f"({entries[-1][0]!s}" if len(entries) == PAGE else None
+        return items
 
     def _connect(self) -> redis.Redis:
         if self._client is None:
@@ -207,12 +339,35 @@ class RedisQueueSource:
     def _scrub(self, text: str) -> str:
         return text.replace(self._password, "***") if self._password else text
 
-    def _failure(self, what: str) -> SourceError:
+    def _where(self) -> str:
         where = urlsplit(self.settings.url)
         place = f"{where.hostname or where.path}{':' + str(where.port) if where.port else ''}"
-        return SourceError(
-            f"redis source {self.name!r} (key {self.settings.key!r} at {place}): {what}"
-        )
+        return f"redis source {self.name!r} (key {self.settings.key!r} at {place})"
+
+    def _failure(self, what: str) -> SourceError:
+        return SourceError(f"{self._where()}: {what}")
+
+
+class _Item(NamedTuple):
+    """A waiting item as read for its shape: where it is (for a log line), its fields (None: a
+    payload without shape fields), and its submit time when its ID carries one."""
+
+    where: str
+    fields: Mapping[str, Any] | None
+    submitted: float | None
+
+
+def _entry_items(entries: Sequence[tuple[Any, Any]] | None) -> list[_Item]:
+    return [
+        _Item(f"entry {entry_id}", fields or None, _entry_time(str(entry_id)))
+        for entry_id, fields in entries or ()
+    ]
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 def _entry_ids(entries: Sequence[tuple[Any, Any]] | None) -> list[str]:

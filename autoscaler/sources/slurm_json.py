@@ -34,6 +34,7 @@ import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.sources import GroupKey, RunningJob, SourceError, groups_from_counts
+from autoscaler.sources.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
     GpuNeeds,
@@ -45,8 +46,6 @@ log = logging.getLogger(__name__)
 
 PENDING = "PENDING"
 NODE_LIMIT_REASON = "PartitionNodeLimit"
-MAX_JOB_NODES = 100_000
-MAX_GPUS_PER_NODE = 1024
 _UNSET_COUNTS = frozenset({0, 0xFFFFFFFE, 0xFFFFFFFF})
 SHOWN_SKIPPED = 3
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
