@@ -31,7 +31,7 @@ from autoscaler.journal import Journal, JournalError
 from autoscaler.journal.base import Billed, TickEntry
 from autoscaler.lifecycle import InstanceTable
 from autoscaler.metrics import Metrics
-from autoscaler.model import FleetView, InstanceState, InterruptionNotice, Plan
+from autoscaler.model import DemandGroup, FleetView, InstanceState, InterruptionNotice, Plan
 from autoscaler.observe import Observer, Signals
 from autoscaler.policy import Policy
 from autoscaler.provider import Provider
@@ -156,6 +156,9 @@ class Controller:
         )
         self.last_plan: Plan | None = None
         self._unhostable_said: set[str] = set()
+        self._unhostable_cache: (
+            tuple[tuple[DemandGroup, ...], tuple[object, ...], list[Unhostable]] | None
+        ) = None
         self._tick = 0
         self._billed: set[str] = set()
 
@@ -224,7 +227,14 @@ class Controller:
     def _unhostable(self, view: FleetView) -> list[Unhostable]:
         """Pending jobs no configured capacity can ever host: they stay pending, never put on
         other GPUs, and are said once each time the set of such shapes changes."""
-        found = unhostable_groups(view.demand.groups, offers_of(self.config.pools, view.onprem))
+        groups = view.demand.groups
+        onprem = tuple((n.gpus, n.gpu_model, n.gpu_memory_gib) for n in view.onprem)
+        cached = self._unhostable_cache
+        if cached is not None and cached[0] is groups and cached[1] == onprem:
+            found = cached[2]
+        else:
+            found = unhostable_groups(groups, offers_of(self.config.pools, view.onprem))
+            self._unhostable_cache = (groups, onprem, found)
         labels = {u.label for u in found}
         if labels != self._unhostable_said:
             for item in found:
