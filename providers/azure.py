@@ -16,6 +16,8 @@
   the controller's bounded retry policy is the only one.
 * Interruptions: a Spot VM that this provider saw live and that Azure then deletes (eviction
   policy Delete) is reported once as a terminate notice. Node-side Scheduled Events are not here.
+* Gangs: ``launch_gang`` creates a multi-node job's VMs in the pool's proximity placement group
+  and deletes them all if any fails (``providers.azure_gang``).
 
 Credentials come from ``DefaultAzureCredential`` (environment, workload or managed identity, Azure
 CLI), never from the config file. Only when ``endpoint`` is set (the test emulator) does the
@@ -37,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote
 from urllib.request import urlopen
@@ -73,6 +75,10 @@ from autoscaler.provider import (
     REQUEST_TAG,
     LaunchResult,
 )
+from providers.placement import PlacementOption
+
+if TYPE_CHECKING:
+    from providers.azure_gang import AzureGangs
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +101,7 @@ MAX_PARALLEL_CALLS = 8
 MAX_PRICE_PAGES = 50
 EMULATOR_TOKEN = "emulator-test-token"
 IMAGE_URN = re.compile(r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$")
+PPG_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,78}[A-Za-z0-9_])?$")
 
 CAPACITY_CODES = frozenset(
     {
@@ -183,6 +190,22 @@ class AzurePoolOptions(_Strict):
     max_price: float = Field(-1.0, description="$/h cap for spot; -1 pays up to on-demand")
     os_disk_size_gb: int | None = Field(None, ge=1, le=4095)
     custom_data: str | None = Field(None, description="cloud-init for the node to join the fleet")
+    proximity_placement_group: PlacementOption | None = Field(
+        None,
+        description="the proximity placement group (in the fleet's resource group) a gang is "
+        "launched into: {name: X} (existing), {create: true} (made for the pool) or both",
+    )
+
+    @field_validator("proximity_placement_group")
+    @classmethod
+    def _group_name(cls, value: PlacementOption | None) -> PlacementOption | None:
+        name = value.name if value is not None else None
+        if name is not None and not PPG_NAME.match(name):
+            raise ValueError(
+                "name: expected 1 to 80 letters, digits, '.', '_' or '-', starting with a letter "
+                "or digit and ending with a letter, digit or '_'"
+            )
+        return value
 
     @field_validator("image")
     @classmethod
@@ -298,6 +321,7 @@ class AzureProvider:
         )
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self._gangs: AzureGangs | None = None
         self._retail: dict[tuple[str, str], _Retail] = {}
         self._deleting: set[str] = set()
         self._seen: dict[str, tuple[str, InstanceState, bool]] = {}
@@ -500,6 +524,17 @@ class AzureProvider:
         if shortfall is not None and not instances:
             raise shortfall
         return LaunchResult(tuple(instances), shortfall)
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """All ``count`` VMs in the pool's proximity placement group, or none (``AzureGangs``)."""
+        with self._client_lock:
+            if self._gangs is None:
+                # imported here: providers.azure_gang builds on this module's helpers
+                from providers.azure_gang import AzureGangs
+
+                self._gangs = AzureGangs(self)
+            gangs = self._gangs
+        return gangs.launch(pool, count, request_id)
 
     def _body(self, pool: Pool, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
         """The VM as ARM's JSON: the pool's size, image and subnet, a NIC and OS disk that are

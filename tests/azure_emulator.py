@@ -16,6 +16,10 @@ operation pollers end to end:
   async-operation status; with ``monitor=true`` it answers as the ``Location`` URL does).
 * ``GET /api/retail/prices?$filter=...`` (the public Azure Retail Prices API: ``Items`` and
   ``NextPageLink``), with ``eq``/``and`` filters applied as the real API applies them.
+* ``PUT`` and ``GET .../proximityPlacementGroups/{name}`` (synchronous, 201 then 200; 404
+  ``ResourceNotFound``), listing in ``properties.virtualMachines`` the VMs that reference the
+  group. A VM PUT whose ``proximityPlacementGroup.id`` names a group that does not exist, or one
+  in another location or zone, is refused as ARM refuses it.
 
 Errors are ARM's: ``{"error": {"code", "message"}}`` with the real codes and statuses. ARM calls
 need a bearer token (401 without one). Faults are planned per operation (``fail_next``), per
@@ -79,6 +83,8 @@ WINDOWS_PER_VCPU = 0.046  # Windows meters cost more; another distractor
 
 COMPUTE = r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute"
 VM_PATH = re.compile(COMPUTE + r"/virtualMachines/(?P<name>[^/]+)$", re.I)
+PPG_PATH = re.compile(COMPUTE + r"/proximityPlacementGroups/(?P<name>[^/]+)$", re.I)
+PPG_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,78}[A-Za-z0-9_])?$")
 VIEW_PATH = re.compile(COMPUTE + r"/virtualMachines/(?P<name>[^/]+)/instanceView$", re.I)
 LIST_PATH = re.compile(COMPUTE + r"/virtualMachines/?$", re.I)
 OPERATION_PATH = re.compile(
@@ -146,6 +152,7 @@ CHAOS_FAULTS: dict[str, tuple[str, ...]] = {
     "launch": ("capacity", "quota", "throttle", "server", "auth", "sku", "timeout"),
     "list": ("throttle", "server", "auth", "timeout"),
     "terminate": ("throttle", "server", "auth", "timeout"),
+    "placement": ("throttle", "server"),
 }
 
 
@@ -246,7 +253,13 @@ class ArmEmulator:
         with self.lock:
             self.vms: dict[tuple[str, str], Vm] = {}
             self.operations: dict[str, AsyncOperation] = {}
-            self.planned: dict[str, list[str]] = {"launch": [], "list": [], "terminate": []}
+            self.planned: dict[str, list[str]] = {
+                "launch": [],
+                "list": [],
+                "terminate": [],
+                "placement": [],
+            }
+            self.groups: dict[tuple[str, str], dict[str, Any]] = {}
             self.page_faults: dict[int, str] = {}
             self.granted: int | None = None
             self.granted_by_request: dict[str, int] = {}
@@ -335,6 +348,19 @@ class ArmEmulator:
                 vm for vm in self.vms.values() if vm.state in ("Creating", "Updating", "Succeeded")
             ]
 
+    def add_group(self, name: str, location: str = REGION) -> None:
+        """A proximity placement group made outside the controller."""
+        with self.lock:
+            self._put_group(SUBSCRIPTION, RESOURCE_GROUP, name, {"location": location})
+
+    def group_of(self, vm_name: str) -> str | None:
+        """The name of the proximity placement group a VM was created in, if any."""
+        vm = self.vm(vm_name)
+        if vm is None:
+            return None
+        reference = (vm.body.get("properties") or {}).get("proximityPlacementGroup") or {}
+        return str(reference["id"]).rsplit("/", 1)[-1] if reference.get("id") else None
+
     def count(self, method: str, pattern: str) -> int:
         with self.lock:
             return sum(1 for m, path in self.requests if m == method and re.search(pattern, path))
@@ -362,6 +388,9 @@ class ArmEmulator:
         if problem:
             return error_reply(400, "InvalidParameter", problem)
         with self.lock:
+            refused = self._placement_problem(body)
+            if refused is not None:
+                return refused
             key = (rg.lower(), name.lower())
             existing = self.vms.get(key)
             if existing is not None and existing.state == "Deleting":
@@ -394,6 +423,111 @@ class ArmEmulator:
             if fault == "timeout":
                 reply.drop = True
             return reply
+
+    # -- proximity placement groups -----------------------------------------------------------
+
+    def put_group(self, sub: str, rg: str, name: str, body: dict[str, Any]) -> Reply:
+        fault = self._fault("placement")
+        if fault in SYNC_FAULTS:
+            return error_reply(*SYNC_FAULTS[fault])
+        if not PPG_NAME.match(name):
+            return error_reply(
+                400, "InvalidParameter", f"The name '{name}' of the resource is not valid."
+            )
+        if not body.get("location"):
+            return error_reply(400, "InvalidParameter", "The 'location' property is required.")
+        kind = (body.get("properties") or {}).get("proximityPlacementGroupType", "Standard")
+        if kind not in ("Standard", "Ultra"):
+            return error_reply(
+                400, "InvalidParameter", f"proximityPlacementGroupType '{kind}' is not valid."
+            )
+        intent = (body.get("properties") or {}).get("intent")
+        if intent and not body.get("zones"):
+            return error_reply(
+                400, "InvalidParameter", "An intent needs the proximity placement group's zone."
+            )
+        with self.lock:
+            created = (rg.lower(), name.lower()) not in self.groups
+            self._put_group(sub, rg, name, body)
+            return Reply(201 if created else 200, self._group_resource(sub, rg, name))
+
+    def _put_group(self, sub: str, rg: str, name: str, body: dict[str, Any]) -> None:
+        properties = dict(body.get("properties") or {})
+        properties.setdefault("proximityPlacementGroupType", "Standard")
+        self.groups[(rg.lower(), name.lower())] = {
+            "id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/"
+            f"proximityPlacementGroups/{name}",
+            "name": name,
+            "type": "Microsoft.Compute/proximityPlacementGroups",
+            "location": body["location"],
+            "tags": dict(body.get("tags") or {}),
+            "properties": properties,
+            **({"zones": list(body["zones"])} if body.get("zones") else {}),
+        }
+
+    def get_group(self, sub: str, rg: str, name: str) -> Reply:
+        with self.lock:
+            if (rg.lower(), name.lower()) not in self.groups:
+                return error_reply(
+                    404,
+                    "ResourceNotFound",
+                    f"The Resource 'Microsoft.Compute/proximityPlacementGroups/{name}' under "
+                    f"resource group '{rg}' was not found.",
+                )
+            return Reply(200, self._group_resource(sub, rg, name))
+
+    def group(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            found = self.groups.get((RESOURCE_GROUP.lower(), name.lower()))
+            return (
+                None if found is None else self._group_resource(SUBSCRIPTION, RESOURCE_GROUP, name)
+            )
+
+    def _group_resource(self, sub: str, rg: str, name: str) -> dict[str, Any]:
+        group = json.loads(json.dumps(self.groups[(rg.lower(), name.lower())]))
+        members = [
+            {"id": vm.resource(sub)["id"]}
+            for vm in self.vms.values()
+            if self._reference(vm.body) == (rg.lower(), name.lower())
+        ]
+        group["properties"]["virtualMachines"] = members
+        return dict(group)
+
+    def _reference(self, body: dict[str, Any]) -> tuple[str, str] | None:
+        reference = (body.get("properties") or {}).get("proximityPlacementGroup") or {}
+        found = re.match(
+            r"/subscriptions/[^/]+/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/"
+            r"proximityPlacementGroups/(?P<name>[^/]+)$",
+            str(reference.get("id", "")),
+            re.I,
+        )
+        return None if found is None else (found["rg"].lower(), found["name"].lower())
+
+    def _placement_problem(self, body: dict[str, Any]) -> Reply | None:
+        """ARM's refusal of a VM whose proximity placement group it cannot use, or None."""
+        reference = (body.get("properties") or {}).get("proximityPlacementGroup")
+        if not reference:
+            return None
+        key = self._reference(body)
+        group = self.groups.get(key) if key is not None else None
+        if group is None:
+            return error_reply(
+                404,
+                "NotFound",
+                f"The proximity placement group '{reference.get('id')}' was not found.",
+            )
+        if str(group["location"]).lower() != str(body.get("location", "")).lower():
+            return error_reply(
+                400,
+                "InvalidParameter",
+                f"The proximity placement group is in '{group['location']}', the VM in "
+                f"'{body.get('location')}'.",
+            )
+        if group.get("zones") and body.get("zones") and group["zones"] != body["zones"]:
+            return error_reply(
+                400, "InvalidParameter", "The VM's zone is not the proximity placement group's."
+            )
+        return None
 
     def get_vm(self, sub: str, rg: str, name: str) -> Reply:
         with self.lock:
@@ -727,6 +861,16 @@ def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
             elif matched := VIEW_PATH.match(path):
                 if method == "GET":
                     return emulator.instance_view(matched["rg"], matched["name"])
+            elif matched := PPG_PATH.match(path):
+                sub, rg, name = matched["sub"], matched["rg"], matched["name"]
+                if method == "PUT":
+                    try:
+                        body = json.loads(raw or b"{}")
+                    except ValueError:
+                        return error_reply(400, "InvalidRequestContent", "Bad JSON.")
+                    return emulator.put_group(sub, rg, name, body)
+                if method == "GET":
+                    return emulator.get_group(sub, rg, name)
             elif matched := VM_PATH.match(path):
                 sub, rg, name = matched["sub"], matched["rg"], matched["name"]
                 if method == "PUT":

@@ -41,16 +41,19 @@ GCP_COLLECTIONS = {
 # method -> permission verb where the name does not convert by case
 GCP_VERBS = {"insert": "create", "bulk_insert": "create", "aggregated_list": "list", "wait": "get"}
 
+AZURE_MODULES = ("azure.py", "azure_gang.py")
 # ComputeManagementClient operation group -> ARM resource type
 AZURE_COLLECTIONS = {
     "virtual_machines": "Microsoft.Compute/virtualMachines",
     "disks": "Microsoft.Compute/disks",
+    "proximity_placement_groups": "Microsoft.Compute/proximityPlacementGroups",
 }
 AZURE_VERBS = {
     "list": "read",
     "list_all": "read",
     "get": "read",
     "instance_view": "instanceView/read",
+    "create_or_update": "write",
     "begin_create_or_update": "write",
     "begin_update": "write",
     "begin_delete": "delete",
@@ -441,9 +444,9 @@ def _made_client(node: ast.AST, function: ast.FunctionDef) -> str | None:
 
 
 def azure_calls() -> Calls:
-    """ARM actions for every ComputeManagementClient operation ``providers/azure.py`` calls,
-    through ``self.client().<group>.<method>`` or a name bound to ``self.client().<group>``."""
-    tree = _tree("azure.py")
+    """ARM actions for every ComputeManagementClient operation the Azure modules call, through
+    ``<provider>.client().<group>.<method>`` or a name bound to ``<provider>.client().<group>``
+    (the provider is ``self`` in providers/azure.py, ``self.provider`` beside it)."""
     calls = Calls()
 
     def group_of(node: ast.AST, local: Mapping[str, str]) -> str | None:
@@ -452,31 +455,34 @@ def azure_calls() -> Calls:
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Call)
-            and _is_self_attr(node.value.func, "client")
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "client"
+            and not node.value.args
         ):
             return node.attr
         return None
 
-    for function in _functions(tree):
-        local: dict[str, str] = {}
-        for node in ast.walk(function):
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-                group = group_of(node.value, {})
-                if group is not None:
-                    local[node.targets[0].id] = group
-        for node in ast.walk(function):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-                continue
-            group = group_of(node.func.value, local)
-            if group is None:
-                continue
-            where = f"providers/azure.py:{node.lineno}"
-            resource = AZURE_COLLECTIONS.get(group)
-            verb = AZURE_VERBS.get(node.func.attr)
-            if resource is None or verb is None:
-                calls.unknown.append(f"{where}: no ARM action for {group}.{node.func.attr}")
-                continue
-            calls.add(f"{resource}/{verb}", where)
+    for module in AZURE_MODULES:
+        for function in _functions(_tree(module)):
+            local: dict[str, str] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                    group = group_of(node.value, {})
+                    if group is not None:
+                        local[node.targets[0].id] = group
+            for node in ast.walk(function):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                group = group_of(node.func.value, local)
+                if group is None:
+                    continue
+                where = f"providers/{module}:{node.lineno}"
+                resource = AZURE_COLLECTIONS.get(group)
+                verb = AZURE_VERBS.get(node.func.attr)
+                if resource is None or verb is None:
+                    calls.unknown.append(f"{where}: no ARM action for {group}.{node.func.attr}")
+                    continue
+                calls.add(f"{resource}/{verb}", where)
     return calls
 
 

@@ -15,6 +15,8 @@ import boto3
 import pytest
 from aws_placement import PlacementProxy
 from aws_support import REGION, Faults, inject, instance_tags
+from azure_emulator import POOL_OPTIONS, AzureWorld
+from azure_emulator import REGION as AZURE_REGION
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from gcp_emulator import REGION as GCP_REGION
 
@@ -29,6 +31,7 @@ from autoscaler.errors import (
 from autoscaler.model import InstanceState, Pool
 from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
 from providers.aws import AwsProvider
+from providers.azure import AzureProvider, core_tags
 from providers.gcp import GcpProvider, tags_from_labels
 from providers.placement import derived_name
 
@@ -475,4 +478,174 @@ def test_gcp_placement_option_is_checked(placement: dict[str, Any], message: str
     pool = gcp_pool(placement_policy=placement)
     with pytest.raises(InputError, match=r"pools\[0\]\.options\.placement_policy") as caught:
         GcpProvider.from_config({"project": PROJECT}, [pool], FLEET)
+    assert message in str(caught.value)
+
+
+# -- Azure ----------------------------------------------------------------------------------------
+
+ND = "Standard_ND96asr_v4"
+
+
+def azure_pool(name: str = "nd", *, zone: str | None = None, **placement: Any) -> Pool:
+    options: dict[str, Any] = dict(POOL_OPTIONS)
+    if placement:
+        options["proximity_placement_group"] = placement
+    return Pool(
+        name=name,
+        provider="azure",
+        region=AZURE_REGION,
+        zone=zone,
+        instance_type=ND,
+        gpus_per_instance=8,
+        market="on-demand",  # type: ignore[arg-type]
+        options=options,
+    )
+
+
+def azure_provider(world: AzureWorld, pools: list[Pool]) -> AzureProvider:
+    return AzureProvider.from_config(world.settings(), pools, FLEET, ManualClock(NOW))
+
+
+def test_azure_gang_comes_up_whole_in_the_group_it_created(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(zone="2", create=True)
+    provider = azure_provider(azure_world, [pool])
+    result = gang_of(provider).launch_gang(pool, 3, "gang-1", FLEET)
+    assert len(result.instances) == 3 and result.shortfall is None and not result.already_existed
+    name = derived_name(FLEET, "nd")
+    group = arm.group(name)
+    assert group is not None
+    assert group["location"] == AZURE_REGION and group["zones"] == ["2"]
+    assert group["properties"]["intent"] == {"vmSizes": [ND]}
+    assert core_tags(group["tags"]) == {FLEET_TAG: FLEET, POOL_TAG: "nd"}
+    ids = sorted(i.id for i in result.instances)
+    assert sorted(m["id"].rsplit("/", 1)[-1] for m in group["properties"]["virtualMachines"]) == ids
+    for vm in arm.live():
+        tags = core_tags(vm.body["tags"])
+        assert tags[FLEET_TAG] == FLEET and tags[POOL_TAG] == "nd"
+        assert tags[REQUEST_TAG] == "gang-1" and float(tags[LAUNCHED_AT_TAG]) == NOW
+        assert vm.body["zones"] == ["2"]
+    assert sorted(i.id for i in provider.list_instances(FLEET)) == ids
+
+
+def test_azure_gang_goes_into_a_named_group_and_creates_none(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    arm.add_group("hpc-ppg")
+    pool = azure_pool(name="hpc")
+    pool = pool.model_copy(
+        update={"options": {**pool.options, "proximity_placement_group": {"name": "hpc-ppg"}}}
+    )
+    result = gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 2, "gang-n", FLEET)
+    assert {arm.group_of(i.id) for i in result.instances} == {"hpc-ppg"}
+    assert arm.count("PUT", "/proximityPlacementGroups/") == 0
+
+
+def test_azure_a_missing_or_faraway_group_is_a_config_mistake(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(name="hpc")
+    missing = pool.model_copy(
+        update={"options": {**pool.options, "proximity_placement_group": {"name": "nowhere"}}}
+    )
+    with pytest.raises(InvalidRequest, match="proximity placement group 'nowhere' does not exist"):
+        gang_of(azure_provider(azure_world, [missing])).launch_gang(missing, 2, "gang-x", FLEET)
+    arm.add_group("far", location="westeurope")
+    far = pool.model_copy(
+        update={"options": {**pool.options, "proximity_placement_group": {"name": "far"}}}
+    )
+    with pytest.raises(InvalidRequest, match="is in westeurope, the pool in eastus"):
+        gang_of(azure_provider(azure_world, [far])).launch_gang(far, 2, "gang-y", FLEET)
+    assert arm.all_vms() == []
+
+
+def test_azure_group_is_reused_across_gangs_and_restarts(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    provider = azure_provider(azure_world, [pool])
+    gang_of(provider).launch_gang(pool, 2, "gang-a", FLEET)
+    gang_of(provider).launch_gang(pool, 2, "gang-b", FLEET)
+    gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 2, "gang-c", FLEET)
+    assert arm.count("PUT", "/proximityPlacementGroups/") == 1
+    assert arm.count("GET", "/proximityPlacementGroups/") == 2, "once per provider object"
+    assert {arm.group_of(vm.name) for vm in arm.live()} == {derived_name(FLEET, "nd")}
+
+
+def test_azure_a_gang_some_of_whose_creates_fail_is_deleted_whole(
+    azure_world: AzureWorld,
+) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    provider = azure_provider(azure_world, [pool])
+    arm.grant_at_most(2)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(provider).launch_gang(pool, 4, "gang-short", FLEET)
+    assert caught.value.code == "AllocationFailed"
+    assert arm.count("PUT", "/virtualMachines/") == 4
+    assert arm.all_vms() == [], "the two made and the two failed are all deleted"
+    assert [i for i in provider.list_instances(FLEET) if i.state in LIVE] == []
+
+
+def test_azure_a_create_refused_outright_rolls_back_the_rest(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    arm.fail_next("launch", "sku")
+    with pytest.raises(CapacityError) as caught:
+        gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 3, "gang-sku", FLEET)
+    assert caught.value.code == "SkuNotAvailable"
+    assert arm.all_vms() == []
+
+
+def test_azure_retry_returns_the_whole_gang_and_buys_nothing_more(
+    azure_world: AzureWorld,
+) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    first = gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    again = gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 3, "gang-r", FLEET)
+    assert again.already_existed
+    assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
+    assert arm.count("PUT", "/virtualMachines/") == 3 and len(arm.live()) == 3
+
+
+def test_azure_retry_that_finds_part_of_a_gang_deletes_it(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    launched = gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    arm.evict(launched.instances[0].id, linger=False)
+    with pytest.raises(CapacityError) as caught:
+        gang_of(azure_provider(azure_world, [pool])).launch_gang(pool, 3, "gang-p", FLEET)
+    assert caught.value.code == "GangIncomplete"
+    assert arm.live() == [] and arm.count("PUT", "/virtualMachines/") == 3
+
+
+def test_azure_a_rollback_cut_short_is_finished_by_the_retry(azure_world: AzureWorld) -> None:
+    arm = azure_world.emulator
+    pool = azure_pool(create=True)
+    provider = azure_provider(azure_world, [pool])
+    arm.grant_at_most(1)
+    arm.fail_next("terminate", "throttle")
+    with pytest.raises(ThrottledError):
+        gang_of(provider).launch_gang(pool, 2, "gang-t", FLEET)
+    assert len(arm.all_vms()) == 1, "one delete was throttled"
+    arm.grant_at_most(None)
+    with pytest.raises(CapacityError, match="gang gang-t found"):
+        gang_of(provider).launch_gang(pool, 2, "gang-t", FLEET)
+    assert arm.all_vms() == []
+
+
+@pytest.mark.parametrize(
+    ("placement", "message"),
+    [
+        ({}, "give the name of an existing group, or create: true"),
+        ({"name": "-bad"}, "expected 1 to 80 letters"),
+    ],
+)
+def test_azure_placement_option_is_checked(placement: dict[str, Any], message: str) -> None:
+    pool = azure_pool()
+    pool = pool.model_copy(
+        update={"options": {**pool.options, "proximity_placement_group": placement}}
+    )
+    with pytest.raises(
+        InputError, match=r"pools\[0\]\.options\.proximity_placement_group"
+    ) as caught:
+        AzureProvider.from_config({"subscription_id": "s", "resource_group": "g"}, [pool], FLEET)
     assert message in str(caught.value)

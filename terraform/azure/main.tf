@@ -27,6 +27,10 @@ locals {
     "Microsoft.Compute/virtualMachines/delete",
     "Microsoft.Compute/disks/delete",
     "Microsoft.Network/networkInterfaces/delete",
+    # gangs (providers/azure_gang.py): proximity_placement_groups.get and .create_or_update,
+    # the pool's proximity placement group, read and made when asked, in this resource group
+    "Microsoft.Compute/proximityPlacementGroups/read",
+    "Microsoft.Compute/proximityPlacementGroups/write",
   ]
   subnet_actions = [
     # the NIC's ip configuration names the pool's subnet
