@@ -356,11 +356,10 @@ class _Memo:
             self.gres[text] = found
         return found
 
-    def gpu_needs(self, features: str, gres_model: str | None) -> GpuNeeds:
+    def gpu_needs(self, job: Fields, gres_model: str | None) -> GpuNeeds:
         """The models and memory the job's constraint and gres type ask of each node; the
         constraint is read only where the site maps some feature."""
-        if not self.reads_features:
-            return GpuNeeds((gres_model,) if gres_model else ())
+        features = _str_field(job, "features") if self.reads_features else ""
         key = (features, gres_model)
         found = self.needs.get(key)
         if found is None:
@@ -547,7 +546,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 continue
             if reason == NODE_LIMIT_REASON and not memo.fits_partition(partition, nodes):
                 continue
-            needs = memo.gpu_needs(_str_field(job, "features"), model)
+            needs = memo.gpu_needs(job, model)
             checkpointing = memo.checkpointing(_str_field(job, "comment"))
             high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
                 bool(qos_high) and _str_field(job, "qos") in qos_high
