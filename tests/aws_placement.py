@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from contract_support import AwsWorld
 from recording_proxy import RecordingProxy, Seen
+
+from autoscaler.model import Pool
 
 XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 STRATEGIES = ("cluster", "spread", "partition")
@@ -315,3 +318,27 @@ def _launched_ids(data: bytes, fleet: bool) -> list[str]:
     else:
         path = "./{*}instancesSet/{*}item/{*}instanceId"
     return [str(e.text) for e in root.findall(path)]
+
+
+class AwsGangWorld(AwsWorld):
+    """The contract's AWS world with placement groups: moto behind a ``PlacementProxy``."""
+
+    def __init__(self, proxy: PlacementProxy) -> None:
+        super().__init__(proxy.url)
+        self.proxy = proxy
+
+    def gang_pool(self, name: str) -> Pool:
+        pool = self.pool(name)
+        return pool.model_copy(
+            update={"options": {**pool.options, "placement_group": {"create": True}}}
+        )
+
+    def placement(self, instance_id: str) -> str | None:
+        return self.proxy.group_of(instance_id)
+
+    def placement_groups(self) -> int:
+        with self.proxy.state_lock:
+            return len(self.proxy.groups)
+
+    def come_up(self, count: int | None) -> None:
+        self.proxy.come_up(count)

@@ -956,6 +956,22 @@ class AzureWorld:
     def chaos(self, chance: float, seed: int) -> None:
         self.emulator.chaos(chance, seed)
 
+    def gang_pool(self, name: str) -> Pool:
+        pool = self.pool(name)
+        return pool.model_copy(
+            update={"options": {**pool.options, "proximity_placement_group": {"create": True}}}
+        )
+
+    def placement(self, instance_id: str) -> str | None:
+        return self.emulator.group_of(instance_id)
+
+    def placement_groups(self) -> int:
+        with self.emulator.lock:
+            return len(self.emulator.groups)
+
+    def come_up(self, count: int | None) -> None:
+        self.emulator.grant_at_most(count)
+
 
 @pytest.fixture(scope="session")
 def azure_emulator() -> Iterator[ArmEmulator]:

@@ -65,6 +65,28 @@ class World(Protocol):
         ...
 
 
+class GangWorld(World, Protocol):
+    """A world whose provider launches gangs (``GangLauncher``): a multi-node job's instances
+    all or none, close together. The simulated clouds are not one yet."""
+
+    def gang_pool(self, name: str) -> Pool:
+        """A pool whose gangs go into a placement group the provider makes for it."""
+        ...
+
+    def placement(self, instance_id: str) -> str | None:
+        """The placement group (policy) an instance was launched into, if any."""
+        ...
+
+    def placement_groups(self) -> int:
+        """How many placement groups (policies) the backend holds."""
+        ...
+
+    def come_up(self, count: int | None) -> None:
+        """Only ``count`` instances of a gang come up, the rest failing for capacity; those
+        that came up are left for the provider to roll back. None ends it."""
+        ...
+
+
 # -- AWS on moto ----------------------------------------------------------------------------
 
 AWS_OPERATIONS = {

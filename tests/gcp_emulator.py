@@ -1034,6 +1034,23 @@ class GcpWorld:
     def chaos(self, chance: float, seed: int) -> None:
         self.emulator.chaos(chance, seed)
 
+    def gang_pool(self, name: str) -> Pool:
+        pool = self.pool(name)
+        return pool.model_copy(
+            update={"options": {**pool.options, "placement_policy": {"create": True}}}
+        )
+
+    def placement(self, instance_id: str) -> str | None:
+        policies = self.emulator.policies_of(instance_id)
+        return policies[0] if policies else None
+
+    def placement_groups(self) -> int:
+        with self.emulator.lock:
+            return len(self.emulator.policies)
+
+    def come_up(self, count: int | None) -> None:
+        self.emulator.gang_fits(count, leftovers=True)
+
 
 @pytest.fixture(scope="session")
 def compute_emulator() -> Iterator[ComputeEmulator]:

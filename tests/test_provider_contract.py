@@ -1,7 +1,8 @@
 """The provider contract, run against every provider and the backend it talks to (AWS on moto,
 GCP and Azure on the emulators in this folder, and the simulated clouds): launch, idempotent
 relaunch, listing by tag or label, terminating only what is ours, typed errors, partial
-fulfilment, pagination, and a chaos run with faults and restarts through the real controller."""
+fulfilment, pagination, and a chaos run with faults and restarts through the real controller.
+Gangs (``GangLauncher``: all or none, close together) for the clouds that launch them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import random
 from collections.abc import Iterator
 
 import pytest
+from aws_placement import AwsGangWorld, PlacementProxy
 from azure_emulator import AzureWorld
-from contract_support import FAULT_KINDS, FLEET, AwsWorld, SimWorld, World
+from contract_support import FAULT_KINDS, FLEET, AwsWorld, GangWorld, SimWorld, World
 from fakes import FakeQueue, job
 from gcp_emulator import GcpWorld
 
@@ -26,11 +28,13 @@ from autoscaler.errors import (
     TransientError,
 )
 from autoscaler.model import InstanceState
-from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
 from autoscaler.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 WORLDS: dict[str, type] = {"aws": AwsWorld, "gcp": GcpWorld, "azure": AzureWorld, "sim": SimWorld}
+# the worlds whose provider launches gangs (the simulated clouds' provider does not yet)
+GANG_WORLDS = ("aws", "gcp", "azure")
 EXPECTED: dict[str, type[ProviderError]] = {
     "capacity": CapacityError,
     "quota": QuotaError,
@@ -57,6 +61,25 @@ def aws_world(aws: str) -> AwsWorld:
 @pytest.fixture
 def sim_world() -> SimWorld:
     return SimWorld()
+
+
+@pytest.fixture(scope="session")
+def placement_proxy(moto_url: str) -> Iterator[PlacementProxy]:
+    proxy = PlacementProxy(moto_url)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def gang_world(request: pytest.FixtureRequest) -> GangWorld:
+    if request.param == "aws":
+        request.getfixturevalue("aws")
+        proxy: PlacementProxy = request.getfixturevalue("placement_proxy")
+        proxy.reset()
+        return AwsGangWorld(proxy)
+    world: GangWorld = request.getfixturevalue(f"{request.param}_world")
+    return world
 
 
 def clock() -> ManualClock:
@@ -221,3 +244,60 @@ def test_chaos_faults_and_restarts_never_leak_duplicate_or_overspend(world: Worl
     assert len(live) == 5, "the fleet matches the plan once the faults stop"
     known = {r.id for r in running.table.live() if r.state is not InstanceState.TERMINATING}
     assert live == known, "no instance is orphaned"
+
+
+# -- gangs --------------------------------------------------------------------------------------
+
+
+def gangs(world: GangWorld, pool_name: str) -> GangLauncher:
+    provider = world.provider([world.gang_pool(pool_name)], clock())
+    assert isinstance(provider, GangLauncher)
+    return provider
+
+
+@pytest.mark.parametrize("gang_world", GANG_WORLDS, indirect=True)
+def test_a_gang_comes_up_whole_together_and_tagged(gang_world: GangWorld) -> None:
+    pool = gang_world.gang_pool("pool-g")
+    provider = gang_world.provider([pool], clock())
+    assert isinstance(provider, GangLauncher)
+    result = provider.launch_gang(pool, 3, "req-gang", FLEET)
+    assert len(result.instances) == 3 and result.shortfall is None
+    assert not result.already_existed
+    live = gang_world.live()
+    for instance in result.instances:
+        tags = live[instance.id]
+        assert tags[FLEET_TAG] == FLEET and tags[POOL_TAG] == "pool-g"
+        assert tags[REQUEST_TAG] == "req-gang"
+    (group,) = {gang_world.placement(i.id) for i in result.instances}
+    assert group is not None, "the gang is placed in the group made for the pool"
+    assert gang_world.placement_groups() == 1
+    listed = provider.list_instances(FLEET)
+    assert sorted(i.id for i in listed) == sorted(i.id for i in result.instances)
+
+
+@pytest.mark.parametrize("gang_world", GANG_WORLDS, indirect=True)
+def test_a_gang_that_comes_up_short_leaves_nothing_running(gang_world: GangWorld) -> None:
+    pool = gang_world.gang_pool("pool-g")
+    provider = gang_world.provider([pool], clock())
+    assert isinstance(provider, GangLauncher)
+    gang_world.come_up(1)
+    with pytest.raises(CapacityError) as caught:
+        provider.launch_gang(pool, 3, "req-short", FLEET)
+    assert caught.value.pool == "pool-g"
+    assert [i for i, tags in gang_world.live().items() if tags.get(FLEET_TAG) == FLEET] == []
+    alive = (InstanceState.PENDING, InstanceState.RUNNING)
+    assert [i for i in provider.list_instances(FLEET) if i.state in alive] == []
+
+
+@pytest.mark.parametrize("gang_world", GANG_WORLDS, indirect=True)
+def test_a_repeated_gang_launch_after_a_restart_buys_nothing_more(gang_world: GangWorld) -> None:
+    first = gangs(gang_world, "pool-g").launch_gang(
+        gang_world.gang_pool("pool-g"), 3, "req-again", FLEET
+    )
+    again = gangs(gang_world, "pool-g").launch_gang(
+        gang_world.gang_pool("pool-g"), 3, "req-again", FLEET
+    )
+    assert again.already_existed
+    assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
+    assert len(gang_world.live()) == 3
+    assert gang_world.placement_groups() == 1, "the group is reused, not made again"
