@@ -19,6 +19,16 @@ from azure_emulator import POOL_OPTIONS, AzureWorld
 from azure_emulator import REGION as AZURE_REGION
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from gcp_emulator import REGION as GCP_REGION
+from terraform_support import (
+    TERRAFORM,
+    aws_calls,
+    azure_calls,
+    blocks,
+    gcp_calls,
+    load_module,
+    locals_of,
+    policy_statements,
+)
 
 from autoscaler.clock import ManualClock
 from autoscaler.errors import (
@@ -649,3 +659,46 @@ def test_azure_placement_option_is_checked(placement: dict[str, Any], message: s
     ) as caught:
         AzureProvider.from_config({"subscription_id": "s", "resource_group": "g"}, [pool], FLEET)
     assert message in str(caught.value)
+
+
+# -- the grants -----------------------------------------------------------------------------------
+
+
+def test_the_grant_check_reads_the_gang_modules() -> None:
+    """test_terraform.py compares grants with the calls found here; the gang modules' calls
+    must be among them, or a grant could go missing unseen."""
+    aws = aws_calls().actions
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:CreatePlacementGroup"])
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:DescribePlacementGroups"])
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:TerminateInstances"])
+    gcp = gcp_calls().actions
+    assert any(w.startswith("providers/gcp_gang.py") for w in gcp["compute.instances.create"])
+    assert {
+        "compute.resourcePolicies.get",
+        "compute.resourcePolicies.create",
+        "compute.regionOperations.get",
+    } <= set(gcp)
+    azure = azure_calls().actions
+    assert {
+        "Microsoft.Compute/proximityPlacementGroups/read",
+        "Microsoft.Compute/proximityPlacementGroups/write",
+    } <= set(azure)
+
+
+def test_aws_placement_groups_are_made_and_tagged_only_with_the_fleet_tag() -> None:
+    aws = load_module(TERRAFORM / "aws")
+    statements = policy_statements(blocks(aws, "data", "aws_iam_policy_document")["controller"])
+    fleet = ("StringEquals", f"aws:RequestTag/{FLEET_TAG}", ("${var.fleet_id}",))
+    by_sid = {s.sid: s for s in statements}
+    create = by_sid["CreateOnlyFleetTaggedPlacementGroups"]
+    assert create.actions == ("ec2:CreatePlacementGroup",)
+    assert create.resources == "${local.placement_groups}" and create.conditions == (fleet,)
+    tag = by_sid["TagPlacementGroupsOnlyAtCreation"]
+    assert tag.actions == ("ec2:CreateTags",) and tag.resources == "${local.placement_groups}"
+    assert set(tag.conditions) == {
+        fleet,
+        ("StringEquals", "ec2:CreateAction", ("CreatePlacementGroup",)),
+    }
+    creating = [s.sid for s in statements if "ec2:CreatePlacementGroup" in s.actions]
+    assert creating == [create.sid], "no other statement lets the role make a placement group"
+    assert "placement-group/*" in str(locals_of(aws)["placement_groups"])
