@@ -107,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="compare only these policies from the scenario (repeatable)",
         )
+        report.add_argument(
+            "--suite",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="replay every scenario of this suite file with the same policies and write "
+            "suite.json and suite.md (see docs/evaluation.md)",
+        )
         report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
         report.add_argument(
             "--no-checkpoint-comparison",
@@ -275,6 +283,10 @@ def _param_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.suite is not None:
+        from autoscaler.report.suite import run_suite_command
+
+        return run_suite_command(args)
     if args.journal is not None or args.journal_postgres_env is not None:
         from autoscaler.report.journal import run_journal_report
 

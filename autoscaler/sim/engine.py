@@ -31,6 +31,7 @@ from autoscaler.sim.market import AvailabilityFile, PriceBook
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.series import StepSeries
+from autoscaler.sim.synthetic import trace_path
 from autoscaler.sim.trace import TraceSelection, load_trace
 
 _ORDER = {
@@ -125,7 +126,7 @@ class SimResult:
 def prepare(loaded: LoadedScenario) -> Prepared:
     scenario = loaded.scenario
     selection = load_trace(
-        loaded.path(scenario.trace.file),
+        trace_path(loaded),
         scenario.trace,
         scenario.checkpointing,
         scenario.high_priority,

@@ -26,6 +26,7 @@ from autoscaler.csvfile import parse_timestamp
 from autoscaler.errors import InputError
 from autoscaler.inputfile import read_yaml, validate_document, validate_settings
 from autoscaler.model import Frozen, Name
+from autoscaler.sim.synthetic import SyntheticTraceSpec
 
 
 class JobMatch(Frozen):
@@ -82,12 +83,24 @@ class CheckpointRule(Frozen):
 
 
 class TraceSpec(Frozen):
-    file: str
+    """Where the jobs come from (a trace ``file``, or a ``synthetic`` trace generated from a
+    seed, see autoscaler/sim/synthetic.py) and which window of it to replay."""
+
+    file: str | None = None
+    synthetic: SyntheticTraceSpec | None = None
     busiest_days: PositiveFloat | None = None
     window_start_s: NonNegativeFloat | None = None
     window_end_s: PositiveFloat | None = None
     include_running_at_start: bool = True
     max_jobs: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TraceSpec:
+        if (self.file is None) == (self.synthetic is None):
+            raise ValueError(
+                "give exactly one of file (a trace CSV) and synthetic (a generated trace)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_window(self) -> TraceSpec:
