@@ -56,11 +56,13 @@ What the simulator cannot model, and what is done instead:
   pool (``providers`` narrows it). Jobs that must stay off spot model a second NodePool restricted
   to on-demand that those pods select, the documented way to keep pods off spot.
 * A node's jobs are one block of its allocated GPUs on the node's GPU model (the view does not
-  split them). Only nodes with at most half their GPUs allocated, all of whose jobs checkpoint,
-  are consolidation candidates besides empty nodes: the view does not say whether the jobs on
-  fuller nodes may move (users mark long ML jobs ``karpenter.sh/do-not-disrupt``, as the docs
-  suggest). Multi-node consolidation with a replacement is not modelled; deletions of several
-  nodes happen one by one.
+  split them). Besides empty nodes, only nodes with at most half their GPUs allocated are
+  consolidation candidates: the view says whether the jobs on such nodes checkpoint, and not on
+  fuller ones. Jobs that cannot checkpoint are taken to carry ``karpenter.sh/do-not-disrupt``
+  (the docs' advice for "a long batch job (such as you might have with machine learning) that
+  would need to start over"), so their nodes stay; ``do_not_disrupt_uncheckpointable: false``
+  lets Karpenter evict them. Multi-node consolidation with a replacement is not modelled;
+  deletions of several nodes happen one by one.
 * ``consolidateAfter`` runs from when the node went empty, or from when it went down to half
   its GPUs allocated; later pod changes do not restart it (the view holds no such time).
 * The offering marked unavailable after an interruption is skipped for the tick of the notice
@@ -147,6 +149,11 @@ class KarpenterParams(BaseModel):
         le=100,
         description="NodePool spec.disruption.budgets[].nodes as a percentage (default 10%)",
     )
+    do_not_disrupt_uncheckpointable: bool = Field(
+        True,
+        description="pods that cannot checkpoint carry karpenter.sh/do-not-disrupt (the docs' "
+        "advice for long ML jobs that would start over): their nodes are never consolidated",
+    )
     interruption_handling: bool = Field(
         True,
         description="the --interruption-queue setting: drain on a spot interruption warning and "
@@ -231,15 +238,18 @@ class KarpenterPolicy:
         empty_ids = {n.instance_id for n in empty}
         underused: list[CloudNode] = []
         if wait is not None and self.params.consolidation_policy == "WhenEmptyOrUnderutilized":
-            underused = [n for n in underused_nodes(view, wait) if n.instance_id not in empty_ids]
+            underused = [
+                n for n in self._underutilized(view, wait) if n.instance_id not in empty_ids
+            ]
         available = supply(view, empty + underused)
         groups = list(view.demand.groups)
         if self.params.interruption_handling:
             # The evicted pods go pending at once; the work they were doing ran on spot.
             groups += displaced(view, checkpoint_interval_s=3600.0)
         needs = needs_from(groups, self.placement)
-        market = self._market(view)
-        launches = self._provision(unmet(needs, available), market)
+        left = unmet(needs, available)
+        market = self._market(view) if left or underused else _Market([], {}, {})
+        launches = self._provision(left, market)
         drains, replacements = self._consolidate(
             view, empty, underused, available.kept, needs, market
         )
@@ -249,6 +259,21 @@ class KarpenterPolicy:
             placement=self.placement,
             reason=f"{len(launches)} node claim launch(es), {len(drains)} disruption(s)",
         )
+
+    def _underutilized(self, view: FleetView, wait: float) -> list[CloudNode]:
+        """Nodes at most half allocated for ``consolidateAfter`` whose pods may be evicted: all
+        of them when jobs that cannot checkpoint are not marked ``do-not-disrupt``, else only
+        nodes whose jobs all checkpoint."""
+        if self.params.do_not_disrupt_uncheckpointable:
+            return underused_nodes(view, wait)
+        return [
+            n
+            for n in view.instances
+            if n.state is InstanceState.RUNNING
+            and n.underused_since is not None
+            and n.jobs_checkpoint is not None
+            and view.now - n.underused_since >= wait
+        ]
 
     # -- provisioning ---------------------------------------------------------------------------
 
@@ -409,7 +434,7 @@ class KarpenterPolicy:
                 gpu_models=(model,) if model else (),
                 min_gpu_memory_gib=None,
             )
-            tiers = self.placement.tiers(True, False)
+            tiers = self.placement.tiers(node.jobs_checkpoint is True, False)
             home = _best_fit(rooms, shape, tiers, avoid=gone | {node.instance_id})
             if home is not None:
                 home.free -= node.gpus_allocated

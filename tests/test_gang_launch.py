@@ -8,17 +8,30 @@ contract (test_provider_contract.py); here are each cloud's own paths.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
 import pytest
+import requests
 from aws_placement import PlacementProxy
 from aws_support import REGION, Faults, inject, instance_tags
-from azure_emulator import POOL_OPTIONS, AzureWorld
+from azure_emulator import POOL_OPTIONS, ArmEmulator, AzureWorld
 from azure_emulator import REGION as AZURE_REGION
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from gcp_emulator import REGION as GCP_REGION
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from terraform_support import (
+    TERRAFORM,
+    aws_calls,
+    azure_calls,
+    blocks,
+    gcp_calls,
+    load_module,
+    locals_of,
+    policy_statements,
+)
 
 from autoscaler.clock import ManualClock
 from autoscaler.errors import (
@@ -30,9 +43,9 @@ from autoscaler.errors import (
 )
 from autoscaler.model import InstanceState, Pool
 from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
-from providers.aws import AwsProvider
-from providers.azure import AzureProvider, core_tags
-from providers.gcp import GcpProvider, tags_from_labels
+from providers.aws import PLACEMENT_GROUP_NAME, AwsProvider
+from providers.azure import PPG_NAME, AzureProvider, core_tags
+from providers.gcp import RESOURCE_NAME, GcpProvider, tags_from_labels
 from providers.placement import derived_name
 
 FLEET = "fleet-g"
@@ -649,3 +662,132 @@ def test_azure_placement_option_is_checked(placement: dict[str, Any], message: s
     ) as caught:
         AzureProvider.from_config({"subscription_id": "s", "resource_group": "g"}, [pool], FLEET)
     assert message in str(caught.value)
+
+
+# -- the grants -----------------------------------------------------------------------------------
+
+
+def test_the_grant_check_reads_the_gang_modules() -> None:
+    """test_terraform.py compares grants with the calls found here; the gang modules' calls
+    must be among them, or a grant could go missing unseen."""
+    aws = aws_calls().actions
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:CreatePlacementGroup"])
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:DescribePlacementGroups"])
+    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:TerminateInstances"])
+    gcp = gcp_calls().actions
+    assert any(w.startswith("providers/gcp_gang.py") for w in gcp["compute.instances.create"])
+    assert {
+        "compute.resourcePolicies.get",
+        "compute.resourcePolicies.create",
+        "compute.regionOperations.get",
+    } <= set(gcp)
+    azure = azure_calls().actions
+    assert {
+        "Microsoft.Compute/proximityPlacementGroups/read",
+        "Microsoft.Compute/proximityPlacementGroups/write",
+    } <= set(azure)
+
+
+def test_aws_placement_groups_are_made_and_tagged_only_with_the_fleet_tag() -> None:
+    aws = load_module(TERRAFORM / "aws")
+    statements = policy_statements(blocks(aws, "data", "aws_iam_policy_document")["controller"])
+    fleet = ("StringEquals", f"aws:RequestTag/{FLEET_TAG}", ("${var.fleet_id}",))
+    by_sid = {s.sid: s for s in statements}
+    create = by_sid["CreateOnlyFleetTaggedPlacementGroups"]
+    assert create.actions == ("ec2:CreatePlacementGroup",)
+    assert create.resources == "${local.placement_groups}" and create.conditions == (fleet,)
+    tag = by_sid["TagPlacementGroupsOnlyAtCreation"]
+    assert tag.actions == ("ec2:CreateTags",) and tag.resources == "${local.placement_groups}"
+    assert set(tag.conditions) == {
+        fleet,
+        ("StringEquals", "ec2:CreateAction", ("CreatePlacementGroup",)),
+    }
+    creating = [s.sid for s in statements if "ec2:CreatePlacementGroup" in s.actions]
+    assert creating == [create.sid], "no other statement lets the role make a placement group"
+    assert "placement-group/*" in str(locals_of(aws)["placement_groups"])
+
+
+# -- invariants -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleet=st.text(min_size=1, max_size=80), pool=st.text(min_size=1, max_size=80))
+def test_a_derived_group_name_is_valid_on_every_cloud_and_stable(fleet: str, pool: str) -> None:
+    name = derived_name(fleet, pool)
+    assert name == derived_name(fleet, pool)
+    assert RESOURCE_NAME.match(name), "a GCP resource name"
+    assert PPG_NAME.match(name), "an Azure proximity placement group name"
+    assert PLACEMENT_GROUP_NAME.match(name), "an EC2 placement group name"
+    assert name != derived_name(fleet + "x", pool) and name != derived_name(fleet, pool + "x")
+
+
+SHORT_GANGS = st.tuples(st.integers(1, 4), st.integers(0, 5))
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=SHORT_GANGS)
+def test_gcp_a_gang_is_whole_or_nothing_is_left(
+    compute_emulator: ComputeEmulator, case: tuple[int, int]
+) -> None:
+    size, fits = case
+    compute_emulator.reset()
+    compute_emulator.gang_fits(fits, leftovers=True)
+    pool = gcp_pool(placement_policy={"create": True})
+    provider = gcp_provider(compute_emulator, [pool])
+    _whole_or_nothing(provider, pool, size, fits, lambda: len(compute_emulator.live()))
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=SHORT_GANGS)
+def test_azure_a_gang_is_whole_or_nothing_is_left(
+    azure_emulator: ArmEmulator, case: tuple[int, int]
+) -> None:
+    size, fits = case
+    azure_emulator.reset()
+    azure_emulator.grant_at_most(fits)
+    pool = azure_pool(create=True)
+    provider = azure_provider(AzureWorld(azure_emulator), [pool])
+    _whole_or_nothing(provider, pool, size, fits, lambda: len(azure_emulator.live()))
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=SHORT_GANGS)
+def test_aws_a_gang_is_whole_or_nothing_is_left(
+    ec2_groups: PlacementProxy, case: tuple[int, int]
+) -> None:
+    size, fits = case
+    requests.post(f"{ec2_groups.upstream_url}/moto-api/reset", timeout=10)
+    ec2_groups.reset()
+    ec2_groups.come_up(fits)
+    pool = aws_pool(create=True)
+    provider = aws_provider(ec2_groups, [pool])
+    _whole_or_nothing(provider, pool, size, fits, lambda: len(moto_alive(ec2_groups.upstream_url)))
+
+
+def _whole_or_nothing(
+    provider: Any, pool: Pool, size: int, fits: int, alive: Callable[[], int]
+) -> None:
+    """Whatever fits, a gang comes up whole (and is then found whole again) or leaves nothing
+    running."""
+    try:
+        result = gang_of(provider).launch_gang(pool, size, "gang-prop", FLEET)
+    except CapacityError:
+        assert fits < size
+        assert alive() == 0
+        assert [i for i in provider.list_instances(FLEET) if i.state in LIVE] == []
+        return
+    assert fits >= size and len(result.instances) == size and alive() == size
+    again = gang_of(provider).launch_gang(pool, size, "gang-prop", FLEET)
+    assert again.already_existed and alive() == size

@@ -15,6 +15,7 @@ from autoscaler.sources.job_shape import (
     SHAPE_FIELDS,
     BadShapeError,
     JobShape,
+    ShapeReader,
     item_shape,
     json_item_fields,
 )
@@ -112,3 +113,18 @@ def test_any_fields_read_into_a_valid_job_or_one_line_refusal(fields: dict[str, 
     )
     assert job.shape.gpus * job.nodes == job.gpus
     assert list(shape.gpu_models) == sorted(set(shape.gpu_models))
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(SHAPE_FIELDS), anything, max_size=4), max_size=8))
+def test_the_remembering_reader_answers_as_item_shape_does(items: list[dict[str, Any]]) -> None:
+    reader = ShapeReader(DEFAULT, remembered=3)
+    for fields in items * 2:
+        try:
+            expected: JobShape | str = item_shape(fields, DEFAULT)
+        except BadShapeError as exc:
+            expected = str(exc)
+        try:
+            found: JobShape | str = reader.shape(fields)
+        except BadShapeError as exc:
+            found = str(exc)
+        assert found == expected

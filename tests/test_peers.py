@@ -250,6 +250,17 @@ def test_karpenter_deletes_an_underused_node_whose_pods_fit_on_other_nodes() -> 
     assert KarpenterPolicy().decide(view(pools, instances=[unsaved, fuller])).drains == ()
 
 
+def test_karpenter_evicts_jobs_that_cannot_checkpoint_only_without_do_not_disrupt() -> None:
+    od8 = pv(mk("od8", gpus=8, market="on-demand"), 8.0)
+    od1 = pv(mk("od1", market="on-demand"), 2.0)
+    spot1 = pv(mk("spot1"), 0.5)
+    under = node("under", "od8", gpus=8, allocated=1, underused_for=60, checkpoint=False)
+    v = view([od8, od1, spot1], instances=[under])
+    assert KarpenterPolicy().decide(v).launches == (), "do-not-disrupt keeps the node"
+    evicting = KarpenterPolicy(KarpenterParams(do_not_disrupt_uncheckpointable=False))
+    assert launched(evicting.decide(v)) == {"od1": 1}, "replaced, and kept off spot"
+
+
 def test_karpenter_replaces_an_underused_node_with_a_cheaper_one_spun_up_first() -> None:
     od8 = pv(mk("od8", gpus=8, market="on-demand"), 8.0)
     spot1 = pv(mk("spot1", gpus=1), 0.5)

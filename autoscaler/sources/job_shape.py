@@ -24,6 +24,7 @@ MAX_GPUS_PER_NODE = 1024
 SHAPE_FIELDS = ("gpus", "gpus_per_node", "nodes", "gpu_model", "gpu_models", "min_gpu_memory_gib")
 _MODEL_SEPARATORS = re.compile(r"[|,\s]+")
 _WHOLE = re.compile(r"\d{1,12}")
+_FIELD_WORDS = ('"gpus', '"nodes"', '"gpu_model', '"min_gpu_memory_gib"')
 
 ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^\S(.*\S)?$")]
 
@@ -122,10 +123,43 @@ def item_shape(fields: Mapping[str, Any], default: JobShape) -> JobShape:
     )
 
 
+class ShapeReader:
+    """``item_shape`` with the answers remembered by the values of the shape fields: a queue of
+    thousands of items has a handful of distinct shapes, so each is worked out once per source."""
+
+    def __init__(self, default: JobShape, remembered: int = 4096) -> None:
+        self.default = default
+        self.remembered = remembered
+        self._known: dict[tuple[Any, ...], JobShape | str] = {}
+
+    def shape(self, fields: Mapping[str, Any]) -> JobShape:
+        key = tuple(_hashable(fields.get(name)) for name in SHAPE_FIELDS)
+        found = self._known.get(key)
+        if found is None:
+            try:
+                found = item_shape(fields, self.default)
+            except BadShapeError as exc:
+                found = str(exc)
+            if len(self._known) >= self.remembered:
+                self._known.clear()
+            self._known[key] = found
+        if isinstance(found, str):
+            raise BadShapeError(found)
+        return found
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return ("list", *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", repr(value))
+    return (type(value).__name__, value)
+
+
 def json_item_fields(item: str) -> Mapping[str, Any] | None:
-    """A list item's fields when it is a JSON object; None for any other payload (a job id, a
-    path, JSON of another kind), which has the source's shape."""
-    if not item.lstrip().startswith("{"):
+    """A list item's fields when it is a JSON object naming some shape field; None for any other
+    payload (a job id, a path, JSON of another kind), which has the source's shape."""
+    if not item.lstrip().startswith("{") or not any(word in item for word in _FIELD_WORDS):
         return None
     try:
         value = json.loads(item)

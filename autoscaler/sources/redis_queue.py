@@ -40,8 +40,8 @@ from autoscaler.sources import GroupKey, SourceError, groups_from_counts
 from autoscaler.sources.job_shape import (
     BadShapeError,
     JobShape,
+    ShapeReader,
     ShapeSettings,
-    item_shape,
     json_item_fields,
 )
 
@@ -105,6 +105,7 @@ class RedisQueueSource:
         self._client: redis.Redis | None = None
         self._password: str | None = None
         self._default = settings.job_shape()
+        self._shapes = ShapeReader(self._default)
         self.malformed_items = 0
         self._last_complaint = ""
 
@@ -159,9 +160,7 @@ class RedisQueueSource:
         malformed: list[str] = []
         for item in items:
             try:
-                shape = (
-                    self._default if item.fields is None else item_shape(item.fields, self._default)
-                )
+                shape = self._default if item.fields is None else self._shapes.shape(item.fields)
             except BadShapeError as exc:
                 malformed.append(f"{item.where}: {exc}")
                 continue

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 MAX_EXPRESSION = 1024
 MAX_BRANCHES = 256
-_TOKEN = re.compile(r"\s*(?:(?P<op>[&|()\[\]!])|\*(?P<count>\d+)|(?P<name>[^\s&|()\[\]!*,\x00-\x1f\x7f]+))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<op>[&|()\[\]!])|\*(?P<count>\d+)|(?P<name>[^\s&|()\[\]!*,\x00-\x1f\x7f]+))"
+)
 _WORDS = re.compile(r"[^a-z0-9]+")
 
 

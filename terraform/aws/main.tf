@@ -1,5 +1,5 @@
 # The controller's identity: one role with only the EC2 and SQS actions providers/aws.py,
-# providers/aws_notices.py and providers/aws_queue.py call (tests/test_terraform.py checks both
+# providers/aws_gang.py, providers/aws_notices.py and providers/aws_queue.py call (tests/test_terraform.py checks both
 # directions), trusted by EC2 (instance profile) and/or one Kubernetes service account (IRSA).
 
 data "aws_partition" "current" {}

@@ -1,5 +1,5 @@
 # The controller's identity on Azure: a user-assigned managed identity with a custom role,
-# scoped to the fleet's resource group, holding only the actions providers/azure.py needs
+# scoped to the fleet's resource group, holding only the actions providers/azure.py and providers/azure_gang.py need
 # (tests/test_terraform.py checks both directions), and a second role that may only join the
 # pools' subnets, assigned on those subnets alone (they usually live in another group).
 #

@@ -1,5 +1,5 @@
 # The controller's identity on GCP: a service account holding a custom role with only the
-# Compute Engine permissions providers/gcp.py needs (tests/test_terraform.py checks both
+# Compute Engine permissions providers/gcp.py and providers/gcp_gang.py need (tests/test_terraform.py checks both
 # directions), bound at the project, and optionally usable from one GKE service account.
 #
 # Why project-wide: IAM conditions cannot test a VM's labels, and the provider's VMs get
