@@ -301,3 +301,42 @@ def test_a_repeated_gang_launch_after_a_restart_buys_nothing_more(gang_world: Ga
     assert sorted(i.id for i in again.instances) == sorted(i.id for i in first.instances)
     assert len(gang_world.live()) == 3
     assert gang_world.placement_groups() == 1, "the group is reused, not made again"
+
+
+@pytest.mark.parametrize("gang_world", GANG_WORLDS, indirect=True)
+def test_a_multi_node_job_gets_its_nodes_together_through_the_controller(
+    gang_world: GangWorld,
+) -> None:
+    pool = gang_world.gang_pool("pool-g")
+    now = clock()
+    queue = FakeQueue()
+    config = ControllerConfig(
+        fleet_id=FLEET,
+        pools=(pool,),
+        limits=Limits(max_instances=8, max_cost_per_hour=100.0, max_launches_per_tick=8),
+    )
+    controller = Controller(
+        config,
+        CostAwarePolicy(CostAwareParams(idle_seconds=0)),
+        {gang_world.name: gang_world.provider([pool], now)},
+        now,
+        [queue],
+        retry=RetryPolicy(attempts=2, sleep=lambda _: None),
+    )
+    gang_world.come_up(1)
+    queue.jobs = [job("short", gpus=3, nodes=3)]
+    controller.tick()
+    assert [i for i, t in gang_world.live().items() if t.get(FLEET_TAG) == FLEET] == [], (
+        "a gang that came up short is not kept, not even in part"
+    )
+    gang_world.come_up(None)
+    queue.jobs = [job("whole", gpus=3, nodes=3)]
+    for _ in range(6):
+        now.advance(150)  # past the capacity cache's memory of the short gang
+        controller.tick()
+        ours = [i for i, t in gang_world.live().items() if t.get(FLEET_TAG) == FLEET]
+        if ours:
+            break
+    assert len(ours) == 3
+    (group,) = {gang_world.placement(i) for i in ours}
+    assert group is not None
