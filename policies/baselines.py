@@ -1,13 +1,14 @@
-"""Baselines a user compares the default against: what a reactive autoscaler such as Karpenter
-does out of the box.
+"""Reactive baselines: the price of never touching spot, and of buying spot by price alone.
 
 * ``on-demand``: launch the cheapest on-demand capacity for whatever is pending; remove a node once
-  the scheduler has had nothing on it for ``idle_seconds`` (Karpenter v1's default
-  ``consolidateAfter`` is 0 s).
-* ``cheapest-spot``: the same, buying the lowest spot *price* (a Karpenter-like lowest-price
-  strategy): no interruption risk, no checkpoint awareness, every job may land on spot; when spot
-  fails for capacity it falls back to other spot pools, then to on-demand; and, as Karpenter does
-  on a spot interruption warning, it starts a replacement at once.
+  the scheduler has had nothing on it for ``idle_seconds`` (0 s, as Karpenter v1's default
+  ``consolidateAfter``).
+* ``cheapest-spot``: the same, buying the lowest spot *price*: no interruption risk, no checkpoint
+  awareness, every job may land on spot; when spot fails for capacity it falls back to other spot
+  pools, then to on-demand; on a spot interruption warning it starts a replacement at once. It is
+  an ablation (what raw price buys without any risk signal), not a model of a product: Karpenter
+  launches spot with price-capacity-optimized and consolidates within budgets; that is the
+  ``karpenter`` peer (``policies/karpenter.py``, docs/peers.md).
 """
 
 from __future__ import annotations
