@@ -156,6 +156,7 @@ def _validate(args: argparse.Namespace) -> int:
     document = read_yaml(args.file)
     if isinstance(document.data, dict) and "controller" in document.data:
         from autoscaler.sim.engine import prepare
+        from autoscaler.sim.hostable import check_hostable
         from autoscaler.sim.scenario import load_scenario
 
         loaded = load_scenario(args.file)
@@ -168,6 +169,10 @@ def _validate(args: argparse.Namespace) -> int:
             )
         prepared = prepare(loaded)
         scenario = loaded.scenario
+        unhostable = check_hostable(prepared)
+        if unhostable.jobs:
+            print(f"{args.file}: trace: {unhostable.describe()}", file=sys.stderr)
+            return 2
         print(
             f"{args.file}: ok: scenario {scenario.name!r}, {len(prepared.selection.jobs)} jobs, "
             f"{len(scenario.controller.pools)} pools, {len(scenario.policies)} policies"
@@ -312,6 +317,7 @@ def _report(args: argparse.Namespace) -> int:
     from autoscaler.report.render import summary_markdown
     from autoscaler.report.write import write_report
     from autoscaler.sim.engine import prepare, simulate
+    from autoscaler.sim.hostable import check_hostable
     from autoscaler.sim.lowerbound import compute_lower_bounds
     from autoscaler.sim.scenario import default_scenario_path, load_scenario
 
@@ -332,6 +338,13 @@ def _report(args: argparse.Namespace) -> int:
             )
         specs = [(i, s) for i, s in specs if s.name in wanted or s.title in wanted]
     prepared = prepare(loaded)
+    unhostable = check_hostable(prepared)
+    if unhostable.jobs:
+        print(
+            f"{loaded.source}: note: {unhostable.describe()}. They stay pending in every "
+            "replay and the lower bound leaves them out.",
+            file=sys.stderr,
+        )
     results = []
     for index, spec in specs:
         with tqdm(

@@ -20,6 +20,7 @@ from autoscaler.report.model import (
     WindowInfo,
 )
 from autoscaler.sim.engine import Prepared, SimResult, Timeline
+from autoscaler.sim.hostable import check_hostable
 
 HOUR = 3600.0
 DEFAULT_POLICY = "cost-aware"
@@ -149,7 +150,10 @@ def assumptions(prepared: Prepared) -> list[str]:
         shown = scenario.high_priority.model_dump(exclude_none=True)
         lines.append(f"High priority: jobs matching {shown}.")
     lines.append(
-        "Each job takes whole GPUs on one node (a GPU-sharing pod takes a whole GPU); its "
+        "Each job takes whole GPUs on one node (a GPU-sharing pod takes a whole GPU), or, when "
+        "the trace gives num_nodes or the job is larger than any node of the scenario, the same "
+        "GPUs on each of several nodes at once, started together and requeued whole when one "
+        "is taken away; only GPUs of a model the job accepts (trace gpu_model) run it. Its "
         "trace GPU fraction is used as its measured GPU utilisation."
     )
     lines.append(
@@ -300,6 +304,7 @@ def build_report(
     submitted = (
         sum(j.gpus * min(j.duration, selection.horizon_s - j.submit) for j in selection.jobs) / HOUR
     )
+    unhostable = check_hostable(prepared)
     return Report(
         scenario=scenario.name,
         description=scenario.description,
@@ -317,13 +322,17 @@ def build_report(
             carried_jobs=sum(1 for j in selection.jobs if j.carried),
             gpu_hours_submitted=round(submitted, 2),
             skipped=selection.skipped,
+            unhostable_jobs=unhostable.jobs,
+            unhostable_gpu_hours=unhostable.gpu_hours,
+            unhostable_examples=unhostable.examples,
         ),
         assumptions=assumptions(prepared),
         pools=_pool_rows(prepared),
         lower_bounds=list(bounds),
         policies=policies,
         default_policy=default,
-        findings=_findings(policies, default, bounds)
+        findings=([unhostable.describe() + "."] if unhostable.jobs else [])
+        + _findings(policies, default, bounds)
         + ([_checkpoint_finding(comparison)] if comparison is not None else []),
         checkpoint_comparison=comparison,
     )

@@ -93,6 +93,22 @@ class LowerBoundResult(Frozen):
     bin_s: float
     status: str
     solve_s: float
+    excluded_jobs: int = Field(
+        0, description="jobs left out because no on-prem node and no pool can ever host them"
+    )
+    excluded_gpu_hours: float = Field(0.0, description="the GPU-hours of those jobs")
+    shape_classes: int | None = Field(
+        None, description="classes of jobs that fit the same pools and on-prem nodes"
+    )
+    onprem_groups: int | None = Field(
+        None, description="on-prem node kinds merged by the classes they can host"
+    )
+    block_bins: int | None = Field(
+        None,
+        description="1: every job's pauses are exact; more: long jobs' pauses are pooled within "
+        "blocks of this many bins (a relaxation that keeps the LP small)",
+    )
+    pause_variables: int | None = None
 
 
 class PoolRow(Frozen):
@@ -116,6 +132,9 @@ class WindowInfo(Frozen):
     carried_jobs: int | None
     gpu_hours_submitted: float | None
     skipped: dict[str, int] = Field(default_factory=dict)
+    unhostable_jobs: int | None = None
+    unhostable_gpu_hours: float | None = None
+    unhostable_examples: list[str] = Field(default_factory=list)
 
 
 class CheckpointSide(Frozen):

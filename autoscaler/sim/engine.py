@@ -21,6 +21,7 @@ from autoscaler.catalog import SpotAdvisor
 from autoscaler.clock import ManualClock
 from autoscaler.controller import Controller, TickReport
 from autoscaler.errors import InputError
+from autoscaler.gpus import memory_gib
 from autoscaler.journal import Journal
 from autoscaler.metrics import Metrics
 from autoscaler.model import Capacity
@@ -28,7 +29,7 @@ from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_pol
 from autoscaler.retry import RetryPolicy
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
 from autoscaler.sim.market import AvailabilityFile, PriceBook
-from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket
+from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket, Scenario
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.series import StepSeries
 from autoscaler.sim.synthetic import trace_path
@@ -131,8 +132,17 @@ def prepare(loaded: LoadedScenario) -> Prepared:
         scenario.checkpointing,
         scenario.high_priority,
         scenario.seed,
+        largest_node(scenario),
     )
     return Prepared(loaded, selection, build_markets(loaded))
+
+
+def largest_node(scenario: Scenario) -> int | None:
+    """The most GPUs one node of the scenario has, on-prem or in a pool's instance."""
+    sizes = [n.gpus for n in scenario.onprem] + [
+        p.gpus_per_instance for p in scenario.controller.pools
+    ]
+    return max(sizes, default=None)
 
 
 def build_markets(loaded: LoadedScenario) -> dict[str, PoolMarketModel]:
@@ -272,7 +282,15 @@ def simulate(
     for node in scenario.onprem:
         for i in range(node.count):
             name = node.name if node.count == 1 else f"{node.name}-{i}"
-            scheduler.add_node(name, node.gpus, Capacity.ONPREM, None, 0.0, node.gpu_model)
+            scheduler.add_node(
+                name,
+                node.gpus,
+                Capacity.ONPREM,
+                None,
+                0.0,
+                node.gpu_model,
+                memory_gib(node.gpu_model),
+            )
             onprem_gpus += node.gpus
     cloud = SimCloud(
         config.pools, prepared.markets, scenario.notice_lead_s, scenario.seed, scheduler, post
