@@ -518,8 +518,11 @@ class Actuator:
                 continue
             request_id = f"{self.incarnation}-{view.tick}-{index}-g{gang}-{attempt}"
             provider = self.providers[pool.provider]
+            # The watched wrapper always has launch_gang; whether the cloud behind it can is
+            # the question, and a cloud that cannot is no reason to stop its other launches.
+            inner = getattr(provider, "inner", provider)
             gang_launch = getattr(provider, "launch_gang", None)
-            if not callable(gang_launch):
+            if not callable(gang_launch) or not callable(getattr(inner, "launch_gang", None)):
                 guarded.allowance.refund(pool_view, granted)
                 records.append(
                     ActionRecord(
