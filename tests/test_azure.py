@@ -333,9 +333,10 @@ def test_a_create_still_running_at_the_timeout_counts_as_launched(
     spot = pool()
     azure = provider(azure_world, [spot], operation_timeout_s=0.2, polling_interval_s=0.05)
     emulator.slow_creates(10_000)
-    started = time.monotonic()
     (instance,) = azure.launch(spot, 1, "req-late", FLEET).instances
-    assert time.monotonic() - started < 2.0, "the tick is not held for the whole create"
+    # the create would answer InProgress 10,000 times; the launch gave up after a handful of
+    # polls (counted, not timed, so a busy machine cannot fail it)
+    assert emulator.count("GET", "/operations/") < 100, "the tick is not held for the create"
     assert instance.state is InstanceState.PENDING
     (listed,) = azure.list_instances(FLEET)
     assert (listed.id, listed.state) == (instance.id, InstanceState.PENDING)
