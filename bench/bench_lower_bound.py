@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from autoscaler.model import Market, Pool  # noqa: E402
 from autoscaler.sim.cloud import PoolMarketModel  # noqa: E402
+from autoscaler.sim.lowerbound_lp import DEFAULT_MAX_PAUSE_VARIABLES  # noqa: E402
 from autoscaler.sim.market import AvailabilityTrace  # noqa: E402
 from autoscaler.sim.series import StepSeries  # noqa: E402
 
@@ -209,7 +210,7 @@ def child(args: argparse.Namespace) -> None:
         setup = time.perf_counter() - started
         results = []
         for wait in (0.0, args.wait):
-            r = bound(problem, wait, args.bin)
+            r = bound(problem, wait, args.bin, max_pause_variables=args.max_pause_variables)
             results.append(
                 {
                     "wait": wait,
@@ -270,6 +271,8 @@ def _run(path: str, args: argparse.Namespace, old_file: str | None) -> dict[str,
         str(args.wait),
         "--bin",
         str(args.bin),
+        "--max-pause-variables",
+        str(args.max_pause_variables),
     ]
     if old_file is not None:
         command += ["--old-file", old_file]
@@ -321,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--onprem-gpus", type=int, default=960)
     parser.add_argument("--wait", type=float, default=600.0)
     parser.add_argument("--bin", type=float, default=300.0)
+    parser.add_argument(
+        "--max-pause-variables",
+        type=int,
+        default=DEFAULT_MAX_PAUSE_VARIABLES,
+        help="the LP's budget before it pools pauses in blocks (the report's default)",
+    )
     parser.add_argument("--no-old", action="store_true", help="skip the old single-price path")
     parser.add_argument(
         "--old-hostable",

@@ -26,7 +26,7 @@ CLOSED_FORM = "closed form"
 LINEAR_PROGRAM = "linear program (HiGHS)"
 POOLED = "pooled linear program (HiGHS) + exact dual"
 # Above this many pause variables the LP pools long jobs' pauses within blocks of bins.
-DEFAULT_MAX_PAUSE_VARIABLES = 120_000
+DEFAULT_MAX_PAUSE_VARIABLES = 100_000
 BLOCK_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288, 576, 1152, 2304)
 # Beyond this many on-prem groups the hot-bin test (2^groups subsets) is skipped: every bin with
 # priced load is then treated as hot, which keeps the optimum and only grows the LP.
