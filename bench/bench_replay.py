@@ -131,14 +131,18 @@ def scaled_scenario(
     return LoadedScenario(scenario, loaded.base, loaded.source), changes
 
 
-def replay_synthetic(trace: Path, days: float, scale: int) -> dict[str, Any]:
+def replay_synthetic(trace: Path, days: float, scale: int, policy: str) -> dict[str, Any]:
     started = time.perf_counter()
     loaded, changes = scaled_scenario(load_scenario(default_scenario_path()), trace, days, scale)
     prepared = prepare(loaded)
     prepare_s = time.perf_counter() - started
-    result = simulate(prepared, loaded.scenario.policies[0])
+    spec = next((s for s in loaded.scenario.policies if s.name == policy), PolicySpec(name=policy))
+    cpu = time.process_time()
+    result = simulate(prepared, spec)
+    cpu_s = time.process_time() - cpu
     figures = _figures(result, time.perf_counter() - started)
     figures.update(
+        simulate_cpu_s=cpu_s,
         prepare_s=prepare_s,
         changes=changes,
         horizon_days=result.horizon_s / DAY,
@@ -174,6 +178,7 @@ def run(
     seed: int = 1,
     scale: int = 5,
     trace: Path | None = None,
+    synthetic_policies: Sequence[str] = ("cost-aware",),
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"shipped": [], "synthetic": None}
     if shipped:
@@ -221,7 +226,26 @@ def run(
                 )
             else:
                 print(f"(b) synthetic trace: {path}")
-            figures = _in_subprocess(["synthetic", str(path), str(days), str(scale)])
+            runs = [
+                _in_subprocess(["synthetic", str(path), str(days), str(scale), name])
+                for name in synthetic_policies
+            ]
+        for other in runs[1:]:
+            print(
+                f"    policy {other['policy']}: wall {other['wall_s']:.1f} s, simulate "
+                f"{other['simulate_s']:.1f} s ({other['simulate_cpu_s']:.1f} s CPU), cost "
+                f"${other['cost_usd']:,.0f}, {other['launched']:,} instances launched"
+            )
+        if len(runs) > 1:
+            first = runs[0]
+            for other in runs[1:]:
+                print(
+                    f"    {first['policy']} / {other['policy']} replay CPU time: "
+                    f"{first['simulate_cpu_s'] / other['simulate_cpu_s']:.2f}x "
+                    f"(wall {first['simulate_s'] / other['simulate_s']:.2f}x)"
+                )
+            out["synthetic_others"] = runs[1:]
+        figures = runs[0]
         figures["target_s"] = SYNTHETIC_TARGET_S
         figures["target_mib"] = SYNTHETIC_TARGET_MIB
         figures["target_met"] = (
@@ -234,7 +258,8 @@ def run(
             print(f"      - {change}")
         print(
             f"    policy {figures['policy']}: wall {figures['wall_s']:.1f} s "
-            f"(load+prepare {figures['prepare_s']:.1f} s, simulate {figures['simulate_s']:.1f} s, "
+            f"(load+prepare {figures['prepare_s']:.1f} s, simulate {figures['simulate_s']:.1f} s "
+            f"/ {figures['simulate_cpu_s']:.1f} s CPU, "
             f"of which controller ticks {figures['controller_s']:.1f} s), "
             f"{figures['ticks']:,} ticks, tick ms median/p95/max "
             f"{figures['tick_ms_median']:.2f}/{figures['tick_ms_p95']:.2f}/"
@@ -258,7 +283,7 @@ def _worker(args: Sequence[str]) -> int:
     if args[0] == "shipped":
         figures = replay_shipped(args[1])
     elif args[0] == "synthetic":
-        figures = replay_synthetic(Path(args[1]), float(args[2]), int(args[3]))
+        figures = replay_synthetic(Path(args[1]), float(args[2]), int(args[3]), args[4])
     else:
         raise SystemExit(f"unknown worker {args[0]!r}")
     print(json.dumps(figures))
@@ -278,6 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scale", type=int, default=5, help="fleet and limits multiplier")
     parser.add_argument("--trace", type=Path, help="replay this trace instead of generating one")
+    parser.add_argument(
+        "--synthetic-policy",
+        action="append",
+        help="policy for the synthetic replay (repeatable; the first is the one judged, the "
+        "others are compared with it); default cost-aware",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     result = run(
@@ -289,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         scale=args.scale,
         trace=args.trace,
+        synthetic_policies=args.synthetic_policy or ("cost-aware",),
     )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

@@ -31,6 +31,7 @@ from autoscaler.report.model import (
     PolicyResult,
     Report,
     Series,
+    WindowInfo,
 )
 
 if TYPE_CHECKING:
@@ -257,17 +258,37 @@ def lower_bound_table(report: Report) -> Table:
             b.status,
             _secs(b.bin_s),
             f"{b.solve_s:.1f} s",
+            _left_out(b),
         ]
         for b in report.lower_bounds
     ]
-    headers = ["Max wait W", "Cost", "Method", "Status", "Bin", "Solve time"]
-    return _table(headers, rows, words=(0, 2, 3))
+    headers = ["Max wait W", "Cost", "Method", "Status", "Bin", "Solve time", "Left out"]
+    return _table(headers, rows, words=(0, 2, 3, 6))
+
+
+def _left_out(bound: LowerBoundResult) -> str:
+    """Jobs the bound leaves out because nothing configured can ever run them."""
+    if not bound.excluded_jobs:
+        return "none"
+    return f"{bound.excluded_jobs:,} jobs ({bound.excluded_gpu_hours:,.1f} GPU-h)"
 
 
 def _bound_line(bound: LowerBoundResult) -> str:
     return (
         f"Lower bound W={_secs(bound.max_wait_s)}: {_bound_cost(bound)} "
-        f"({bound.method}, {bound.status}, solved in {bound.solve_s:.1f} s)"
+        f"({bound.method}, {bound.status}, solved in {bound.solve_s:.1f} s; "
+        f"left out: {_left_out(bound)})"
+    )
+
+
+def _unhostable_text(window: WindowInfo) -> str:
+    if window.unhostable_jobs is None:
+        return "unknown"
+    if not window.unhostable_jobs:
+        return "none"
+    return (
+        f"{window.unhostable_jobs:,} ({window.unhostable_gpu_hours or 0:,.1f} GPU-hours); "
+        "first: " + "; ".join(window.unhostable_examples)
     )
 
 
@@ -285,6 +306,7 @@ def _window_facts(report: Report) -> tuple[str, ...]:
         f"Jobs: {w.jobs:,}, of which {w.carried_jobs:,} carried in already running; "
         f"{_num(w.gpu_hours_submitted, 1)} GPU-hours submitted",
         f"Skipped trace rows: {skipped_text}",
+        f"Jobs no configured capacity can ever host (they stay pending): {_unhostable_text(w)}",
         f"On-prem GPUs: {report.onprem_gpus:,}; wait target {_secs(report.wait_target_s)}; "
         f"seed {report.seed}",
     )
