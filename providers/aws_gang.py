@@ -24,15 +24,15 @@ instances by tag first, and EC2's reads can miss an instance for a moment after 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from autoscaler.errors import CapacityError, InvalidRequest, ProviderError
 from autoscaler.model import Instance, Pool
 from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
 from providers.aws_errors import typed
-from providers.placement import group_name
+from providers.placement import KnownGroups, PlacementOption
 
 if TYPE_CHECKING:
     from providers.aws import AwsProvider
@@ -51,8 +51,7 @@ class AwsGangs:
 
     def __init__(self, provider: AwsProvider) -> None:
         self.provider = provider
-        self._groups: dict[str, str] = {}  # pool -> a placement group known to exist
-        self._lock = threading.Lock()
+        self._groups = KnownGroups()
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
         provider = self.provider
@@ -101,13 +100,12 @@ class AwsGangs:
     def group(self, pool: Pool) -> str | None:
         """The pool's placement group, looked up (and made, if asked) once per provider."""
         option = self.provider.options[pool.name].placement_group
-        if option is None:
-            return None
-        with self._lock:
-            known = self._groups.get(pool.name)
-        if known is not None:
-            return known
-        name = group_name(option, self.provider.fleet_id, pool.name)
+        return self._groups.get(
+            option, self.provider.fleet_id, pool.name, partial(self._find, pool)
+        )
+
+    def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
+        """The group's name once it is known to exist (made if missing and asked to be)."""
         ec2 = self.provider.client("ec2", pool.region)
         try:
             found = ec2.describe_placement_groups(
@@ -129,13 +127,10 @@ class AwsGangs:
                     code=UNKNOWN_GROUP,
                 )
             self._create(pool, name)
-        with self._lock:
-            self._groups[pool.name] = name
         return name
 
     def forget(self, pool: Pool) -> None:
-        with self._lock:
-            self._groups.pop(pool.name, None)
+        self._groups.forget(pool.name)
 
     def _create(self, pool: Pool, name: str) -> None:
         """A cluster placement group tagged with the fleet (so IAM can fence the creation to

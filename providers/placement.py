@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,3 +56,38 @@ def derived_name(fleet_id: str, pool: str, max_length: int = DERIVED_MAX) -> str
 
 def group_name(option: PlacementOption, fleet_id: str, pool: str) -> str:
     return option.name if option.name is not None else derived_name(fleet_id, pool)
+
+
+class KnownGroups:
+    """Per pool, the group its gangs launch into, once found (or made): a provider looks it up
+    the first time a gang of the pool launches, not every time. Safe across the controller's
+    threads; two racing first lookups both find (or make) the same derived name."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        option: PlacementOption | None,
+        fleet_id: str,
+        pool: str,
+        find: Callable[[PlacementOption, str], str],
+    ) -> str | None:
+        """None for a pool without the option; else what ``find(option, name)`` returned for
+        the pool's group name (the name itself, or the cloud's id for it), remembered."""
+        if option is None:
+            return None
+        with self._lock:
+            known = self._known.get(pool)
+        if known is not None:
+            return known
+        found = find(option, group_name(option, fleet_id, pool))
+        with self._lock:
+            self._known[pool] = found
+        return found
+
+    def forget(self, pool: str) -> None:
+        """The pool's group is gone (deleted behind our back): look it up again next time."""
+        with self._lock:
+            self._known.pop(pool, None)
