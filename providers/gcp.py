@@ -32,7 +32,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -376,6 +376,37 @@ def operation_error(operation: Any, pool: str | None = None) -> ProviderError | 
         pool,
         global_quota=any(m in details for m in GLOBAL_QUOTA_MARKERS),
     )
+
+
+def wait_done(
+    wait: Callable[..., Any], request: Mapping[str, str], deadline: float, request_timeout_s: float
+) -> Any:
+    """The operation once ``DONE``, or None when the deadline passes or its fate cannot be
+    read. ``wait`` is a zone or region operations client's ``wait`` and ``request`` names the
+    operation in its scope (the caller binds the client, so the grants test sees which one).
+    Waits are in real time whatever the controller's clock: the cloud works in real time.
+    ``wait`` returns at once when done (or after up to two minutes on Compute Engine); between
+    polls that return early we back off from 50 ms to 1 s."""
+    from google.cloud import compute_v1
+
+    pause = 0.05
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            done = wait(
+                request=dict(request),
+                retry=None,
+                timeout=min(remaining, max(request_timeout_s, 1.0)),
+            )
+            if done.status == compute_v1.Operation.Status.DONE:
+                return done
+        except Exception as exc:
+            if not isinstance(typed(exc), TransientError):
+                return None
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 1.0)
 
 
 def _is_conflict(exc: BaseException) -> bool:
@@ -871,35 +902,10 @@ class GcpProvider:
         return True
 
     def _wait(self, zone: str, operation: str, deadline: float) -> Any:
-        """The operation once ``DONE``, or None when the deadline passes or its fate cannot be
-        read. Waits are in real time whatever the controller's clock: the cloud works in real
-        time. ``wait`` returns at once when done (or after up to two minutes on Compute Engine);
-        between polls that return early we back off from 50 ms to 1 s."""
-        from google.cloud import compute_v1
-
+        """A zone operation once ``DONE``, or None (see ``wait_done``)."""
         _, operations = self.clients()
-        pause = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:
-                done = operations.wait(
-                    request={
-                        "project": self.settings.project,
-                        "zone": zone,
-                        "operation": operation,
-                    },
-                    retry=None,
-                    timeout=min(remaining, max(self.settings.request_timeout_s, 1.0)),
-                )
-                if done.status == compute_v1.Operation.Status.DONE:
-                    return done
-            except Exception as exc:
-                if not isinstance(typed(exc), TransientError):
-                    return None
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 1.0)
+        request = {"project": self.settings.project, "zone": zone, "operation": operation}
+        return wait_done(operations.wait, request, deadline, self.settings.request_timeout_s)
 
     def _resource(self, pool: Pool, name: str, zone: str, labels: dict[str, str]) -> Any:
         from google.cloud import compute_v1

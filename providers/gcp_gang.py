@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from autoscaler.errors import CapacityError, InvalidRequest, ProviderError, TransientError
@@ -47,8 +48,9 @@ from providers.gcp import (
     operation_error,
     request_uuid,
     typed,
+    wait_done,
 )
-from providers.placement import group_name
+from providers.placement import KnownGroups, PlacementOption
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class GcpGangs:
 
     def __init__(self, provider: GcpProvider) -> None:
         self.provider = provider
-        self._policies: dict[str, str] = {}  # pool -> a placement policy known to exist
+        self._policies = KnownGroups()  # pool -> a placement policy known to exist
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
         provider = self.provider
@@ -234,12 +236,11 @@ class GcpGangs:
         """The pool's compact placement policy, looked up (and made, if asked) once."""
         provider = self.provider
         option = provider.options[pool.name].placement_policy
-        if option is None:
-            return None
-        known = self._policies.get(pool.name)
-        if known is not None:
-            return known
-        name = group_name(option, provider.fleet_id, pool.name)
+        return self._policies.get(option, provider.fleet_id, pool.name, partial(self._find, pool))
+
+    def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
+        """The policy's name once it is known to exist (made if missing and asked to be)."""
+        provider = self.provider
         policies, _ = provider.placement_clients()
         request = {"project": provider.settings.project, "region": pool.region}
         try:
@@ -255,7 +256,6 @@ class GcpGangs:
                     code="notFound",
                 ) from None
             self._create(pool, name)
-        self._policies[pool.name] = name
         return name
 
     def _create(self, pool: Pool, name: str) -> None:
@@ -299,31 +299,10 @@ class GcpGangs:
         log.info("%s: created compact placement policy %s in %s", pool.name, name, pool.region)
 
     def _wait_region(self, region: str, operation: str, deadline: float) -> Any:
-        """A region operation once ``DONE``, or None at the deadline (as ``GcpProvider._wait``
-        does for zone operations)."""
-        from google.cloud import compute_v1
-
+        """A region operation once ``DONE``, or None (see ``wait_done``)."""
         provider = self.provider
         _, region_operations = provider.placement_clients()
-        pause = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:
-                done = region_operations.wait(
-                    request={
-                        "project": provider.settings.project,
-                        "region": region,
-                        "operation": operation,
-                    },
-                    retry=None,
-                    timeout=min(remaining, max(provider.settings.request_timeout_s, 1.0)),
-                )
-                if done.status == compute_v1.Operation.Status.DONE:
-                    return done
-            except Exception as exc:
-                if not isinstance(typed(exc), TransientError):
-                    return None
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 1.0)
+        request = {"project": provider.settings.project, "region": region, "operation": operation}
+        return wait_done(
+            region_operations.wait, request, deadline, provider.settings.request_timeout_s
+        )
