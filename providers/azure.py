@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -282,6 +282,16 @@ def _free_names(fleet_id: str, request_id: str, count: int, taken: set[str]) -> 
     return names
 
 
+@dataclass
+class _Created:
+    """What a round of creates came to: the VMs launched, the typed failures, and the names
+    whose create ARM accepted and then failed (such a VM exists, failed, until deleted)."""
+
+    instances: list[Instance] = field(default_factory=list)
+    failures: list[ProviderError] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _Retail:
     fetched_at: float
@@ -484,46 +494,57 @@ class AzureProvider:
             }
         )
         names = _free_names(self.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
+        created = self._create_vms(
+            pool, names, lambda name: self._body(pool, name, tags), request_id, now
+        )
+        for name in created.failed:
+            self._delete_quietly(name)
+        shortfall = _telling(created.failures)
+        if shortfall is not None and not created.instances:
+            raise shortfall
+        return LaunchResult(tuple(created.instances), shortfall)
+
+    def _create_vms(
+        self,
+        pool: Pool,
+        names: Sequence[str],
+        body: Callable[[str], dict[str, Any]],
+        request_id: str,
+        now: float,
+    ) -> _Created:
+        """Start every VM's create at once and wait on them together for at most
+        ``operation_timeout_s``. A create still running then, or whose status could not be
+        read, counts as launched (pending): ARM accepted it. What to do about failures is the
+        caller's: ``launch`` keeps the rest, a gang rolls back all."""
         vms = self.client().virtual_machines
         group = self.settings.resource_group
-        started = _parallel(
-            lambda name: vms.begin_create_or_update(group, name, self._body(pool, name, tags)),
-            names,
-        )
+        started = _parallel(lambda name: vms.begin_create_or_update(group, name, body(name)), names)
         deadline = time.monotonic() + self.settings.operation_timeout_s
-        instances: list[Instance] = []
-        failures: list[ProviderError] = []
-        failed_names: list[str] = []
+        created = _Created()
         for name, outcome in zip(names, started, strict=True):
             if isinstance(outcome, BaseException):
-                failures.append(typed(outcome, pool.name))
+                created.failures.append(typed(outcome, pool.name))
                 continue
             try:
                 outcome.wait(max(0.0, deadline - time.monotonic()))
             except Exception as exc:
                 if _operation_failed(exc):
-                    failures.append(typed(exc, pool.name))
-                    failed_names.append(name)
+                    created.failures.append(typed(exc, pool.name))
+                    created.failed.append(name)
                     continue
                 log.warning("%s: create of %s not confirmed: %s", pool.name, name, typed(exc))
             finished = outcome.done() and _text(outcome.status()).lower() == "succeeded"
-            state = InstanceState.RUNNING if finished else InstanceState.PENDING
-            instances.append(
+            created.instances.append(
                 Instance(
                     id=name,
                     pool=pool.name,
-                    state=state,
+                    state=InstanceState.RUNNING if finished else InstanceState.PENDING,
                     launched_at=now,
                     request_id=request_id,
                     gpus=pool.gpus_per_instance,
                 )
             )
-        for name in failed_names:
-            self._delete_quietly(name)
-        shortfall = _telling(failures)
-        if shortfall is not None and not instances:
-            raise shortfall
-        return LaunchResult(tuple(instances), shortfall)
+        return created
 
     def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
         """All ``count`` VMs in the pool's proximity placement group, or none (``AzureGangs``)."""

@@ -25,27 +25,25 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from autoscaler.errors import CapacityError, InvalidRequest, ProviderError
-from autoscaler.model import Instance, InstanceState, Pool
+from autoscaler.errors import CapacityError, InvalidRequest
+from autoscaler.model import InstanceState, Pool
 from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
 from providers.azure import (
     FAILED_STATES,
     STATES,
     AzureProvider,
     _free_names,
-    _operation_failed,
     _parallel,
     _provisioning,
     _telling,
-    _text,
     azure_tags,
     typed,
 )
-from providers.placement import group_name
+from providers.placement import KnownGroups, PlacementOption
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +55,7 @@ class AzureGangs:
 
     def __init__(self, provider: AzureProvider) -> None:
         self.provider = provider
-        self._groups: dict[str, str] = {}  # pool -> the id of a group known to exist
+        self._groups = KnownGroups()  # pool -> the id of a group known to exist
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
         provider = self.provider
@@ -94,41 +92,12 @@ class AzureGangs:
         )
         names = _free_names(provider.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         bodies = {name: self._body(pool, name, tags, group) for name in names}
-        vms = provider.client().virtual_machines
-        resource_group = provider.settings.resource_group
-        started = _parallel(
-            lambda name: vms.begin_create_or_update(resource_group, name, bodies[name]), names
-        )
-        deadline = time.monotonic() + provider.settings.operation_timeout_s
-        instances: list[Instance] = []
-        failures: list[ProviderError] = []
-        for name, outcome in zip(names, started, strict=True):
-            if isinstance(outcome, BaseException):
-                failures.append(typed(outcome, pool.name))
-                continue
-            try:
-                outcome.wait(max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                if _operation_failed(exc):
-                    failures.append(typed(exc, pool.name))
-                    continue
-                log.warning("%s: create of %s not confirmed: %s", pool.name, name, typed(exc))
-            finished = outcome.done() and _text(outcome.status()).lower() == "succeeded"
-            instances.append(
-                Instance(
-                    id=name,
-                    pool=pool.name,
-                    state=InstanceState.RUNNING if finished else InstanceState.PENDING,
-                    launched_at=now,
-                    request_id=request_id,
-                    gpus=pool.gpus_per_instance,
-                )
-            )
-        failure = _telling(failures)
+        created = provider._create_vms(pool, names, bodies.__getitem__, request_id, now)
+        failure = _telling(created.failures)
         if failure is not None:
             self._roll_back(pool, names)
             raise failure
-        return LaunchResult(tuple(instances))
+        return LaunchResult(tuple(created.instances))
 
     def _body(
         self, pool: Pool, name: str, tags: dict[str, str], group: str | None
@@ -152,16 +121,16 @@ class AzureGangs:
 
     def group(self, pool: Pool) -> str | None:
         """The id of the pool's proximity placement group, read (and made) once."""
+        provider = self.provider
+        option = provider.options[pool.name].proximity_placement_group
+        return self._groups.get(option, provider.fleet_id, pool.name, partial(self._find, pool))
+
+    def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
+        """The group's id once it is known to exist in the pool's region (made if missing and
+        asked to be)."""
         from azure.core.exceptions import ResourceNotFoundError
 
         provider = self.provider
-        option = provider.options[pool.name].proximity_placement_group
-        if option is None:
-            return None
-        known = self._groups.get(pool.name)
-        if known is not None:
-            return known
-        name = group_name(option, provider.fleet_id, pool.name)
         resource_group = provider.settings.resource_group
         try:
             found = provider.client().proximity_placement_groups.get(resource_group, name)
@@ -185,8 +154,7 @@ class AzureGangs:
                 pool=pool.name,
                 code="InvalidParameter",
             )
-        self._groups[pool.name] = str(found.id)
-        return self._groups[pool.name]
+        return str(found.id)
 
     def _create(self, pool: Pool, name: str) -> Any:
         provider = self.provider
