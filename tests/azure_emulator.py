@@ -39,9 +39,10 @@ import random
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, urlsplit
@@ -797,6 +798,15 @@ def error_reply(status: int, code: str, message: str) -> Reply:
     return Reply(status, {"error": {"code": code, "message": message}}, headers)
 
 
+def put_json(raw: bytes, put: Callable[[dict[str, Any]], Reply]) -> Reply:
+    """A PUT's JSON body handed to ``put``; a body that is not JSON is ARM's 400."""
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        return error_reply(400, "InvalidRequestContent", "Bad JSON.")
+    return put(body)
+
+
 def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -864,21 +874,13 @@ def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
             elif matched := PPG_PATH.match(path):
                 sub, rg, name = matched["sub"], matched["rg"], matched["name"]
                 if method == "PUT":
-                    try:
-                        body = json.loads(raw or b"{}")
-                    except ValueError:
-                        return error_reply(400, "InvalidRequestContent", "Bad JSON.")
-                    return emulator.put_group(sub, rg, name, body)
+                    return put_json(raw, partial(emulator.put_group, sub, rg, name))
                 if method == "GET":
                     return emulator.get_group(sub, rg, name)
             elif matched := VM_PATH.match(path):
                 sub, rg, name = matched["sub"], matched["rg"], matched["name"]
                 if method == "PUT":
-                    try:
-                        body = json.loads(raw or b"{}")
-                    except ValueError:
-                        return error_reply(400, "InvalidRequestContent", "Bad JSON.")
-                    return emulator.put_vm(sub, rg, name, body)
+                    return put_json(raw, partial(emulator.put_vm, sub, rg, name))
                 if method == "GET":
                     return emulator.get_vm(sub, rg, name)
                 if method == "DELETE":

@@ -30,7 +30,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -410,7 +410,7 @@ class ComputeEmulator:
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         prefix = f"/compute/v1/projects/{self.project}/"
         if not path.startswith(prefix):
-            raise GoogleError(404, "notFound", f"The resource '{path}' was not found", "NOT_FOUND")
+            raise not_found(path)
         rest = path[len(prefix) :].split("/")
         if len(rest) >= 3 and rest[0] == "regions":
             return self._regional(method, rest, query, body)
@@ -420,20 +420,12 @@ class ComputeEmulator:
             and rest[2:] == ["instances", "bulkInsert"]
             and method == "POST"
         ):
-            if rest[1] not in ZONES:
-                raise GoogleError(
-                    404, "notFound", f"The resource 'zones/{rest[1]}' was not found", "NOT_FOUND"
-                )
-            return self._bulk_insert(rest[1], query, body)
+            return self._bulk_insert(known("zones", rest[1], ZONES), query, body)
         if rest == ["aggregated", "instances"] and method == "GET":
             self._door("list", query)
             return self._aggregated(query)
         if len(rest) >= 3 and rest[0] == "zones" and rest[2] in ("instances", "operations"):
-            zone = rest[1]
-            if zone not in ZONES:
-                raise GoogleError(
-                    404, "notFound", f"The resource 'zones/{zone}' was not found", "NOT_FOUND"
-                )
+            zone = known("zones", rest[1], ZONES)
             if rest[2] == "instances":
                 if len(rest) == 3 and method == "POST":
                     return self._insert(zone, query, body)
@@ -654,13 +646,7 @@ class ComputeEmulator:
     def _stored(self, zone: str, name: str, visible: bool = False) -> dict[str, Any]:
         instance = self.instances.get((zone, name))
         if instance is None or (visible and name in self.hidden):
-            raise GoogleError(
-                404,
-                "notFound",
-                f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' "
-                "was not found",
-                "NOT_FOUND",
-            )
+            raise not_found(f"projects/{self.project}/zones/{zone}/instances/{name}")
         return instance
 
     def _delete(self, zone: str, name: str, query: dict[str, str]) -> dict[str, Any]:
@@ -681,13 +667,7 @@ class ComputeEmulator:
     def _poll(self, zone: str, name: str) -> dict[str, Any]:
         operation = self.operations.get((zone, name))
         if operation is None:
-            raise GoogleError(
-                404,
-                "notFound",
-                f"The resource 'projects/{self.project}/zones/{zone}/operations/{name}' "
-                "was not found",
-                "NOT_FOUND",
-            )
+            raise not_found(f"projects/{self.project}/zones/{zone}/operations/{name}")
         left = self.polls_left.get((zone, name), 0)
         if left > 1:
             self.polls_left[(zone, name)] = left - 1
@@ -751,12 +731,8 @@ class ComputeEmulator:
             if "/" in str(policy):
                 raise _invalid("resource.instanceProperties.resourcePolicies", str(policy))
             if (region, policy) not in self.policies:
-                raise GoogleError(
-                    404,
-                    "notFound",
-                    f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/"
-                    f"{policy}' was not found",
-                    "NOT_FOUND",
+                raise not_found(
+                    f"projects/{self.project}/regions/{region}/resourcePolicies/{policy}"
                 )
             policies.append(self.policies[(region, policy)]["selfLink"])
         fit = count
@@ -855,11 +831,7 @@ class ComputeEmulator:
     def _regional(
         self, method: str, rest: list[str], query: dict[str, str], body: dict[str, Any]
     ) -> dict[str, Any]:
-        region = rest[1]
-        if region not in REGIONS:
-            raise GoogleError(
-                404, "notFound", f"The resource 'regions/{region}' was not found", "NOT_FOUND"
-            )
+        region = known("regions", rest[1], REGIONS)
         if rest[2] == "resourcePolicies":
             if len(rest) == 3 and method == "POST":
                 return self._insert_policy(region, query, body)
@@ -873,13 +845,7 @@ class ComputeEmulator:
             self._door("operation", query)
             operation = self.region_operations.get((region, rest[3]))
             if operation is None:
-                raise GoogleError(
-                    404,
-                    "notFound",
-                    f"The resource 'projects/{self.project}/regions/{region}/operations/"
-                    f"{rest[3]}' was not found",
-                    "NOT_FOUND",
-                )
+                raise not_found(f"projects/{self.project}/regions/{region}/operations/{rest[3]}")
             return operation
         path = "/".join(rest)
         raise GoogleError(404, "notFound", f"{method} {path} is not served here", "NOT_FOUND")
@@ -891,13 +857,7 @@ class ComputeEmulator:
     def _policy(self, region: str, name: str) -> dict[str, Any]:
         policy = self.policies.get((region, name))
         if policy is None:
-            raise GoogleError(
-                404,
-                "notFound",
-                f"The resource 'projects/{self.project}/regions/{region}/resourcePolicies/{name}' "
-                "was not found",
-                "NOT_FOUND",
-            )
+            raise not_found(f"projects/{self.project}/regions/{region}/resourcePolicies/{name}")
         return policy
 
     def _new_policy(self, region: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -967,6 +927,17 @@ class ComputeEmulator:
         if request_id:
             self.region_requests[request_id] = (region, name)
         return operation
+
+
+def not_found(resource: str) -> GoogleError:
+    return GoogleError(404, "notFound", f"The resource '{resource}' was not found", "NOT_FOUND")
+
+
+def known(scope: str, name: str, names: Collection[str]) -> str:
+    """``name`` if it is one of ``names``: a zone or region the emulator serves."""
+    if name not in names:
+        raise not_found(f"{scope}/{name}")
+    return name
 
 
 def _invalid(field: str, value: str) -> GoogleError:
