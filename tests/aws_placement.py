@@ -22,10 +22,12 @@ import itertools
 import re
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import pytest
 from contract_support import AwsWorld
 from recording_proxy import RecordingProxy, Seen
 
@@ -342,3 +344,19 @@ class AwsGangWorld(AwsWorld):
 
     def come_up(self, count: int | None) -> None:
         self.proxy.come_up(count)
+
+
+@pytest.fixture(scope="session")
+def placement_proxy(moto_url: str) -> Iterator[PlacementProxy]:
+    """One proxy in front of the session's moto (the gang tests and the provider contract)."""
+    proxy = PlacementProxy(moto_url)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def ec2_groups(aws: str, placement_proxy: PlacementProxy) -> PlacementProxy:
+    """A clean moto behind the placement-group proxy."""
+    placement_proxy.reset()
+    return placement_proxy

@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest_plugins = [
     "aws_support",
+    "aws_placement",
     "gcp_emulator",
     "azure_emulator",
     "slurm_cluster",

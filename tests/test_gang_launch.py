@@ -8,7 +8,7 @@ contract (test_provider_contract.py); here are each cloud's own paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -51,21 +51,6 @@ from providers.placement import derived_name
 FLEET = "fleet-g"
 NOW = 1_700_000_000.0
 LIVE = (InstanceState.PENDING, InstanceState.RUNNING)
-
-
-@pytest.fixture(scope="session")
-def placement_proxy(moto_url: str) -> Iterator[PlacementProxy]:
-    proxy = PlacementProxy(moto_url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture
-def ec2_groups(aws: str, placement_proxy: PlacementProxy) -> PlacementProxy:
-    """A clean moto behind the placement-group proxy."""
-    placement_proxy.reset()
-    return placement_proxy
 
 
 # -- AWS ------------------------------------------------------------------------------------------

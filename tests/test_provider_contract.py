@@ -63,20 +63,10 @@ def sim_world() -> SimWorld:
     return SimWorld()
 
 
-@pytest.fixture(scope="session")
-def placement_proxy(moto_url: str) -> Iterator[PlacementProxy]:
-    proxy = PlacementProxy(moto_url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
-
-
 @pytest.fixture
 def gang_world(request: pytest.FixtureRequest) -> GangWorld:
     if request.param == "aws":
-        request.getfixturevalue("aws")
-        proxy: PlacementProxy = request.getfixturevalue("placement_proxy")
-        proxy.reset()
+        proxy: PlacementProxy = request.getfixturevalue("ec2_groups")
         return AwsGangWorld(proxy)
     world: GangWorld = request.getfixturevalue(f"{request.param}_world")
     return world
