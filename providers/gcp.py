@@ -769,14 +769,7 @@ class GcpProvider:
             i for i in range(count) if instance_name(self.fleet_id, request_id, i) not in have
         ]
         wanted = wanted[: count - len(existing)]
-        labels = labels_for(
-            {
-                FLEET_TAG: self.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+        labels = self._labels(pool, request_id, now)
         progress = _Launch()
         deadline = time.monotonic() + self.settings.operation_timeout_s
         tried: dict[int, set[str]] = {index: set() for index in wanted}
@@ -785,19 +778,7 @@ class GcpProvider:
         for name, zone in progress.unsure:
             if self._exists(zone, name) is not False:
                 progress.placed.append((name, zone))
-        for name, zone in progress.placed:
-            self._seen[name] = _Seen(pool.name, zone, now)
-        launched = [
-            Instance(
-                id=name,
-                pool=pool.name,
-                state=InstanceState.PENDING,
-                launched_at=now,
-                request_id=request_id,
-                gpus=pool.gpus_per_instance,
-            )
-            for name, _ in progress.placed
-        ]
+        launched = self._launched(pool, progress.placed, request_id, now)
         instances = (*existing, *launched)
         shortfall: ProviderError | None = None
         if len(instances) < count:
@@ -884,6 +865,36 @@ class GcpProvider:
                 z not in progress.full_zones and z not in tried[index]
                 for z in self.zones[pool.name]
             )
+        ]
+
+    def _labels(self, pool: Pool, request_id: str, now: float) -> dict[str, str]:
+        """The four labels every launched VM carries."""
+        return labels_for(
+            {
+                FLEET_TAG: self.fleet_id,
+                POOL_TAG: pool.name,
+                REQUEST_TAG: request_id,
+                LAUNCHED_AT_TAG: f"{now:.3f}",
+            }
+        )
+
+    def _launched(
+        self, pool: Pool, placed: Sequence[tuple[str, str]], request_id: str, now: float
+    ) -> list[Instance]:
+        """VMs a launch just made (name, zone), as pending, remembered with their zone for
+        notices and terminate."""
+        for name, zone in placed:
+            self._seen[name] = _Seen(pool.name, zone, now)
+        return [
+            Instance(
+                id=name,
+                pool=pool.name,
+                state=InstanceState.PENDING,
+                launched_at=now,
+                request_id=request_id,
+                gpus=pool.gpus_per_instance,
+            )
+            for name, _ in placed
         ]
 
     def _exists(self, zone: str, name: str) -> bool | None:

@@ -35,16 +35,14 @@ from functools import partial
 from typing import Any
 
 from autoscaler.errors import CapacityError, InvalidRequest, ProviderError, TransientError
-from autoscaler.model import Instance, InstanceState, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
+from autoscaler.model import InstanceState, Pool
+from autoscaler.provider import LaunchResult
 from providers.gcp import (
     STATES,
     GcpProvider,
     _is_conflict,
     _is_not_found,
-    _Seen,
     instance_name,
-    labels_for,
     operation_error,
     request_uuid,
     typed,
@@ -90,14 +88,7 @@ class GcpGangs:
                 code=INCOMPLETE,
             )
         policy = self.policy(pool)
-        labels = labels_for(
-            {
-                FLEET_TAG: provider.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+        labels = provider._labels(pool, request_id, now)
         deadline = time.monotonic() + provider.settings.operation_timeout_s
         refused: ProviderError | None = None
         for position, zone in enumerate(provider.zones[pool.name]):
@@ -107,7 +98,8 @@ class GcpGangs:
             ]
             error = self._bulk_insert(pool, zone, names, labels, policy, request_id, deadline)
             if error is None:
-                return LaunchResult(tuple(self._made(pool, zone, names, request_id, now)))
+                placed = [(name, zone) for name in names]
+                return LaunchResult(tuple(provider._launched(pool, placed, request_id, now)))
             if not isinstance(error, CapacityError):
                 raise error
             refused = error
@@ -185,23 +177,6 @@ class GcpGangs:
         if policy is not None:
             properties.resource_policies = [policy]
         return properties
-
-    def _made(
-        self, pool: Pool, zone: str, names: Sequence[str], request_id: str, now: float
-    ) -> list[Instance]:
-        for name in names:
-            self.provider._seen[name] = _Seen(pool.name, zone, now)
-        return [
-            Instance(
-                id=name,
-                pool=pool.name,
-                state=InstanceState.PENDING,
-                launched_at=now,
-                request_id=request_id,
-                gpus=pool.gpus_per_instance,
-            )
-            for name in names
-        ]
 
     def _delete(self, pool: Pool, request_id: str, vms: Sequence[tuple[str, str]]) -> None:
         """Delete a gang's VMs by name (gone already is fine). Every deletion is tried and the
