@@ -485,14 +485,7 @@ class AzureProvider:
         if existing:
             return LaunchResult(tuple(existing), already_existed=True)
         now = self.clock.now()
-        tags = azure_tags(
-            {
-                FLEET_TAG: self.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+        tags = self._tags(pool, request_id, now)
         names = _free_names(self.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         created = self._create_vms(
             pool, names, lambda name: self._body(pool, name, tags), request_id, now
@@ -503,6 +496,17 @@ class AzureProvider:
         if shortfall is not None and not created.instances:
             raise shortfall
         return LaunchResult(tuple(created.instances), shortfall)
+
+    def _tags(self, pool: Pool, request_id: str, now: float) -> dict[str, str]:
+        """The four tags every launched VM carries."""
+        return azure_tags(
+            {
+                FLEET_TAG: self.fleet_id,
+                POOL_TAG: pool.name,
+                REQUEST_TAG: request_id,
+                LAUNCHED_AT_TAG: f"{now:.3f}",
+            }
+        )
 
     def _create_vms(
         self,

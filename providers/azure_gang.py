@@ -31,7 +31,7 @@ from typing import Any
 
 from autoscaler.errors import CapacityError, InvalidRequest
 from autoscaler.model import InstanceState, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
+from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
 from providers.azure import (
     FAILED_STATES,
     STATES,
@@ -82,14 +82,7 @@ class AzureGangs:
             )
         group = self.group(pool)
         now = provider.clock.now()
-        tags = azure_tags(
-            {
-                FLEET_TAG: provider.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+        tags = provider._tags(pool, request_id, now)
         names = _free_names(provider.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         bodies = {name: self._body(pool, name, tags, group) for name in names}
         created = provider._create_vms(pool, names, bodies.__getitem__, request_id, now)
