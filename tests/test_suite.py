@@ -120,6 +120,7 @@ def test_every_suite_scenario_buys_from_the_shipped_market() -> None:
         assert scenario.start == shipped.start and scenario.notice_lead_s == shipped.notice_lead_s
         assert scenario.wait_target_s == shipped.wait_target_s
         assert scenario.lower_bound == shipped.lower_bound
+        assert scenario.policies == shipped.policies, "run alone, it compares the same policies"
 
 
 def test_the_shipped_real_scenarios_read_their_traces() -> None:
