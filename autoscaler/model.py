@@ -184,7 +184,9 @@ class CloudNode(Frozen):
     saves checkpoints, so that moving them costs only what they have not saved yet. Both are
     known (0 and True when it holds no job) for the nodes a policy may give back, those whose
     GPUs read idle and those underused, where a checkpointing scheduler is configured; ``None``
-    elsewhere.
+    elsewhere. ``job_gpus`` is the GPUs each of its jobs holds on it, and ``multi_node_jobs``
+    whether any of them also runs on other nodes, known for the same nodes and for those under
+    an interruption notice (what a replacement must hold).
     """
 
     instance_id: str
@@ -200,6 +202,8 @@ class CloudNode(Frozen):
     underused_since: float | None = None
     work_at_risk_gpu_s: NonNegativeFloat | None = None
     jobs_checkpoint: bool | None = None
+    job_gpus: tuple[PositiveInt, ...] | None = None
+    multi_node_jobs: bool | None = None
 
 
 class OnPremNode(Frozen):

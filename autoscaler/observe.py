@@ -93,6 +93,13 @@ class Observer:
         self.table = table
         self.capacity = capacity
         self.history = history
+        # On-demand pools, where spot pools exist too: a policy may replace their busy nodes
+        # by spot once it has room, so what their jobs are is read every tick.
+        self._replaceable_pools = (
+            {p.name for p in config.pools if not p.is_spot}
+            if any(p.is_spot for p in config.pools)
+            else set()
+        )
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
@@ -142,10 +149,11 @@ class Observer:
         demand = self._read_demand(now, errors, status)
         reading = self._read_nodes(now, errors, status)
         underused = self._underused(now, reading.cloud)
-        at_risk = self._jobs_at_risk(now, reading.cloud, underused, errors)
         for inbox in self.signals.notices:
             notices.extend(inbox.take())
         notices = [self._with_pool(n) for n in notices]
+        noticed = {n.instance_id for n in notices}
+        at_risk = self._jobs_at_risk(now, reading.cloud, underused, noticed, errors)
         owned = {r.id for r in self.table}
         view = FleetView.model_construct(
             now=now,
@@ -255,22 +263,30 @@ class Observer:
         now: float,
         usage: Mapping[str, NodeUsage],
         underused: Mapping[str, float],
+        noticed: set[str],
         errors: list[str],
-    ) -> dict[str, tuple[float, bool]]:
-        """For each node a policy may give back, what draining it would throw away and whether
-        all its jobs checkpoint. Only nodes whose GPUs read idle, or that are underused, are
-        asked about, so a busy fleet costs no extra scheduler query."""
+    ) -> dict[str, tuple[float, bool, tuple[int, ...], bool]]:
+        """For each node a policy may give back, what draining it would throw away, whether
+        all its jobs checkpoint, and the GPUs each of its jobs holds there. Only nodes whose
+        GPUs read idle, that are underused, that the cloud is taking back (their jobs' sizes
+        are what a replacement must hold) or that are on-demand where spot pools exist (a
+        policy may replace them) are asked about, in one scheduler query."""
         if self.jobs is None:
             return {}
-        found: dict[str, tuple[float, bool]] = {}
+        found: dict[str, tuple[float, bool, tuple[int, ...], bool]] = {}
         ask: list[str] = []
         for record in self.table.live():
             seen = usage.get(record.id)
             if record.state is not InstanceState.RUNNING or seen is None:
                 continue
             if seen.gpus_allocated == 0:
-                found[record.id] = (0.0, True)
-            elif seen.idle_since is not None or record.id in underused:
+                found[record.id] = (0.0, True, (), False)
+            elif (
+                seen.idle_since is not None
+                or record.id in underused
+                or record.id in noticed
+                or record.pool in self._replaceable_pools
+            ):
                 ask.append(record.id)
         if not ask:
             return found
@@ -290,6 +306,8 @@ class Observer:
                     job.checkpoint_interval_s is not None or job.checkpoint_signal is not None
                     for job in jobs
                 ),
+                tuple(sorted((job.gpus for job in jobs), reverse=True)),
+                any(job.nodes > 1 for job in jobs),
             )
         return found
 
@@ -297,7 +315,7 @@ class Observer:
         self,
         usage: Mapping[str, NodeUsage],
         underused: Mapping[str, float],
-        at_risk: Mapping[str, tuple[float, bool]],
+        at_risk: Mapping[str, tuple[float, bool, tuple[int, ...], bool]],
     ) -> tuple[CloudNode, ...]:
         """One ``CloudNode`` per live record; last tick's object is reused when nothing about
         the node changed, since most of a large fleet is the same from one tick to the next."""
@@ -326,6 +344,8 @@ class Observer:
                     underused_since=since,
                     work_at_risk_gpu_s=risk[0] if risk is not None else None,
                     jobs_checkpoint=risk[1] if risk is not None else None,
+                    job_gpus=risk[2] if risk is not None else None,
+                    multi_node_jobs=risk[3] if risk is not None else None,
                 )
             cache[record.id] = (key, node)
             nodes.append(node)

@@ -146,33 +146,38 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
     """The work on instances that are being taken back, as demand to replace now.
 
     The notice comes before the jobs are requeued: launching at once, away from the pool, gets
-    the replacement booting while the old node still runs (AWS gives 120 s). The view does not
-    say how a node's GPUs are split between jobs, so each node counts as one job of all its
-    allocated GPUs on a GPU of the node's own model, which buys a shape that can hold whatever
-    ran there. A node of a multi-node job is replaced alone: its gang members that were not
-    interrupted are still there for the job when it is requeued.
+    the replacement booting while the old node still runs (AWS gives 120 s). Each job on the
+    node is replaced at its own size (``CloudNode.job_gpus``), on a GPU of the node's own model,
+    which every one of them accepts; where the scheduler does not say how the node's GPUs are
+    split, the node counts as one job of all its allocated GPUs, which buys a shape that can
+    hold whatever ran there. A node of a multi-node job is replaced alone: its gang members that
+    were not interrupted are still there for the job when it is requeued.
     """
     gone = leaving(view)
     pools = view.pool_by_name
-    groups = []
+    sizes: dict[tuple[int, str | None], int] = {}
     for node in view.instances:
         if node.instance_id not in gone or node.gpus_allocated <= 0:
             continue
         pool = pools.get(node.pool)
         model = pool.pool.gpu_model if pool is not None else None
-        groups.append(
-            DemandGroup.model_construct(
-                gpus_per_job=node.gpus_allocated,
-                jobs=1,
-                checkpoint_interval_s=checkpoint_interval_s,
-                high_priority=False,
-                nodes=1,
-                gpu_models=(model,) if model else (),
-                min_gpu_memory_gib=None,
-                oldest_submit_time=view.now,
-            )
+        for gpus in node.job_gpus or (node.gpus_allocated,):
+            sizes[(gpus, model)] = sizes.get((gpus, model), 0) + 1
+    return [
+        DemandGroup.model_construct(
+            gpus_per_job=gpus,
+            jobs=count,
+            checkpoint_interval_s=checkpoint_interval_s,
+            high_priority=False,
+            nodes=1,
+            gpu_models=(model,) if model else (),
+            min_gpu_memory_gib=None,
+            oldest_submit_time=view.now,
         )
-    return groups
+        for (gpus, model), count in sorted(
+            sizes.items(), key=lambda kv: (-kv[0][0], kv[0][1] or "")
+        )
+    ]
 
 
 def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
@@ -557,6 +562,26 @@ def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
         if node.jobs_checkpoint is not True:
             continue
         if view.now - node.underused_since >= _break_even(pools, node, wait_s):
+            found.append(node)
+    return found
+
+
+def on_demand_nodes_to_replace(view: FleetView) -> list[CloudNode]:
+    """Running on-demand nodes, busy, whose jobs all checkpoint and run on this node alone, that
+    have run at least twice their pool's boot time (so a node bought a moment ago, while spot
+    was short, is not given back on the next tick): the nodes a policy may replace by cheaper
+    capacity."""
+    pools = view.pool_by_name
+    found = []
+    for node in view.instances:
+        if node.state is not InstanceState.RUNNING or node.gpus_allocated == 0:
+            continue
+        pool = pools.get(node.pool)
+        if pool is None or pool.pool.is_spot or node.jobs_checkpoint is not True:
+            continue
+        if node.multi_node_jobs is not False:
+            continue  # moving one member would requeue a whole gang for one node's saving
+        if view.now - node.launched_at >= 2 * pool.pool.boot_seconds:
             found.append(node)
     return found
 

@@ -36,6 +36,7 @@ from policies.common import (
     headroom,
     idle_nodes,
     needs_from,
+    on_demand_nodes_to_replace,
     onprem_room,
     pack,
     supply,
@@ -124,6 +125,12 @@ class CostAwareParams(BaseModel):
         "unknown), or drain those pending demand does not need (fleets of queue workers without "
         "node telemetry)",
     )
+    replace_on_demand: bool = Field(
+        True,
+        description="give back an on-demand node whose jobs all checkpoint once spot or free "
+        "on-prem GPUs would host them for at most consolidate_below of its price (on-demand "
+        "bought while spot had no capacity); its jobs move at their next checkpoint",
+    )
     on_demand_fallback: bool = Field(
         True,
         description="let spot-safe jobs use on-demand when no "
@@ -159,7 +166,16 @@ class CostAwarePolicy:
             if self.params.consolidate_below is not None
             else []
         )
-        available = supply(view, idle + underused)
+        replaceable = (
+            [
+                n
+                for n in on_demand_nodes_to_replace(view)
+                if n.instance_id not in idle_ids and n not in underused
+            ]
+            if self.params.consolidate_below is not None and self.params.replace_on_demand
+            else []
+        )
+        available = supply(view, idle + underused + replaceable)
         groups = list(view.demand.groups)
         if self.params.replace_on_notice:
             groups += displaced(view, self.params.displaced_checkpoint_interval_s)
@@ -181,6 +197,7 @@ class CostAwarePolicy:
         waiting = [n for n in needs if not can_ever_host(view, n)]
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
         moves = self._consolidations(view, underused, available, offers_for)
+        moves += self._replacements(view, replaceable, available, offers_for)
         return Plan(
             launches=tuple(launches),
             drains=drains + moves,
@@ -192,6 +209,60 @@ class CostAwarePolicy:
                 else ""
             ),
         )
+
+    def _replacements(
+        self,
+        view: FleetView,
+        nodes: list[CloudNode],
+        available: Supply,
+        offers_for: Callable[[Need], list[Offer]],
+    ) -> tuple[DrainRequest, ...]:
+        """On-demand nodes whose checkpointing jobs spot (or free on-prem GPUs) would now host
+        for at most ``consolidate_below`` of their price: on-demand bought while spot had no
+        capacity is given back once it has, each job moving at its next checkpoint (Karpenter's
+        replacement of a node by a cheaper one, priced by effective cost)."""
+        limit = self.params.consolidate_below
+        if limit is None or not nodes:
+            return ()
+        room = onprem_room(available)
+        tiers = self.placement.tiers(True, False)
+        moves = []
+        for node in sorted(nodes, key=lambda n: n.instance_id):
+            if node.instance_id in available.kept:
+                continue
+            pool = view.pool_by_name.get(node.pool)
+            if pool is None or pool.price is None or pool.price.price_per_hour <= 0:
+                continue
+            model = pool.pool.gpu_model
+            elsewhere = 0.0
+            for size in node.job_gpus or (node.gpus_allocated,):
+                home = next((i for i, free in enumerate(room) if free >= size), None)
+                if home is not None:
+                    room[home] -= size
+                    room.sort()
+                    continue
+                need = Need(
+                    size,
+                    1,
+                    tiers,
+                    self.params.displaced_checkpoint_interval_s,
+                    gpu_models=(model,) if model else (),
+                )
+                elsewhere += min(
+                    (o.cost_per_gpu_hour * size for o in offers_for(need) if o.spot),
+                    default=math.inf,
+                )
+            if elsewhere <= limit * pool.price.price_per_hour:
+                moves.append(
+                    DrainRequest(
+                        instance_id=node.instance_id,
+                        reason=f"on-demand while spot has room again: its jobs move at their "
+                        f"next checkpoint to capacity costing ${elsewhere:.2f}/h instead of "
+                        f"${pool.price.price_per_hour:.2f}/h",
+                        move_jobs=True,
+                    )
+                )
+        return tuple(moves)
 
     def _consolidations(
         self,

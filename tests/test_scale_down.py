@@ -16,6 +16,7 @@ from autoscaler.model import (
     CloudNode,
     FleetView,
     InstanceState,
+    InterruptionNotice,
     Pool,
     PoolView,
     PriceQuote,
@@ -301,3 +302,106 @@ def test_an_underused_node_stays_when_nothing_cheaper_can_host_its_jobs() -> Non
     clock.advance(600)
     report = controller.tick()
     assert not [a for a in report.actions if a.kind in ("drain", "evacuate")]
+
+
+# -- replacing what is dearer than it needs to be ------------------------------------------------
+
+
+def _od_view(
+    *, spot_price: float, checkpoint: bool = True, multi_node: bool = False, age_s: float = 3600
+) -> FleetView:
+    now = 100_000.0
+    od = Pool(
+        name="od",
+        provider="aws",
+        region="r",
+        instance_type="t1",
+        gpus_per_instance=1,
+        gpu_model="V100",
+        market="on-demand",  # type: ignore[arg-type]
+        boot_seconds=180,
+    )
+    spot = Pool.model_validate({**od.model_dump(), "name": "spot", "market": "spot"})
+    node = CloudNode(
+        instance_id="od-1",
+        pool="od",
+        state=InstanceState.RUNNING,
+        launched_at=now - age_s,
+        gpus=1,
+        gpus_allocated=1,
+        joined=True,
+        work_at_risk_gpu_s=60.0,
+        jobs_checkpoint=checkpoint,
+        job_gpus=(1,),
+        multi_node_jobs=multi_node,
+    )
+    return FleetView(
+        now=now,
+        tick=9,
+        fleet_id="f",
+        pools=(
+            PoolView(pool=od, price=PriceQuote(pool="od", price_per_hour=3.0, as_of=now)),
+            PoolView(
+                pool=spot, price=PriceQuote(pool="spot", price_per_hour=spot_price, as_of=now)
+            ),
+        ),
+        instances=(node,),
+    )
+
+
+def test_an_on_demand_node_is_given_back_once_spot_hosts_its_jobs_for_much_less() -> None:
+    plan = CostAwarePolicy().decide(_od_view(spot_price=0.9))
+    assert [(d.instance_id, d.move_jobs) for d in plan.drains] == [("od-1", True)]
+    assert "on-demand while spot has room again" in plan.drains[0].reason
+
+
+def test_an_on_demand_node_stays_while_spot_is_not_much_cheaper_or_the_move_is_unsafe() -> None:
+    assert not CostAwarePolicy().decide(_od_view(spot_price=2.0)).drains, "not worth a move"
+    assert not CostAwarePolicy().decide(_od_view(spot_price=0.9, checkpoint=False)).drains
+    assert not CostAwarePolicy().decide(_od_view(spot_price=0.9, multi_node=True)).drains, (
+        "one member of a gang is not moved: the whole job would restart for one node"
+    )
+    assert not CostAwarePolicy().decide(_od_view(spot_price=0.9, age_s=200)).drains, (
+        "a node bought a moment ago while spot was short is kept"
+    )
+    off = CostAwarePolicy(CostAwareParams(replace_on_demand=False))
+    assert not off.decide(_od_view(spot_price=0.9)).drains
+
+
+def test_a_noticed_node_is_replaced_job_by_job_not_as_one_job_of_all_its_gpus() -> None:
+    now = 100_000.0
+    eight = Pool(
+        name="eight",
+        provider="aws",
+        region="r",
+        instance_type="t8",
+        gpus_per_instance=8,
+        gpu_model="V100",
+        market="spot",  # type: ignore[arg-type]
+        boot_seconds=180,
+    )
+    one = Pool.model_validate({**eight.model_dump(), "name": "one", "gpus_per_instance": 1})
+    node = CloudNode(
+        instance_id="n8",
+        pool="eight",
+        state=InstanceState.RUNNING,
+        launched_at=0.0,
+        gpus=8,
+        gpus_allocated=3,
+        joined=True,
+        job_gpus=(1, 1, 1),
+        multi_node_jobs=False,
+    )
+    view = FleetView(
+        now=now,
+        tick=3,
+        fleet_id="f",
+        pools=(
+            PoolView(pool=eight, price=PriceQuote(pool="eight", price_per_hour=8.0, as_of=now)),
+            PoolView(pool=one, price=PriceQuote(pool="one", price_per_hour=1.0, as_of=now)),
+        ),
+        instances=(node,),
+        notices=(InterruptionNotice(instance_id="n8", pool="eight", received_at=now),),
+    )
+    plan = CostAwarePolicy().decide(view)
+    assert [(launch.pool, launch.count) for launch in plan.launches] == [("one", 3)]

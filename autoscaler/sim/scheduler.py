@@ -517,6 +517,7 @@ class SimScheduler:
             checkpoint_interval_s=interval,
             checkpoint_duration_s=job.trace.checkpoint_duration_s if interval else None,
             checkpoint_signal=CHECKPOINT_SIGNAL if interval else None,
+            nodes=job.trace.nodes,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:

@@ -94,7 +94,8 @@ class WorkloadScheduler(Protocol):
 class RunningJob:
     """A job running on a node, as the scheduler knows it: what an interruption would cost it and
     how to ask it to checkpoint. ``checkpoint_signal`` is the signal its batch script traps to
-    write a checkpoint now (None: it cannot be asked)."""
+    write a checkpoint now (None: it cannot be asked). ``nodes`` is how many nodes the job runs
+    on (``gpus`` is its share of this one)."""
 
     id: str
     node: str
@@ -103,6 +104,7 @@ class RunningJob:
     checkpoint_interval_s: float | None = None
     checkpoint_duration_s: float | None = None
     checkpoint_signal: str | None = None
+    nodes: int = 1
 
 
 @runtime_checkable

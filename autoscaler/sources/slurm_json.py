@@ -688,6 +688,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     checkpoint_interval_s=checkpointing.interval_s,
                     checkpoint_duration_s=checkpointing.duration_s,
                     checkpoint_signal=checkpointing.signal,
+                    nodes=len(nodes),
                 )
             )
     return by_node
