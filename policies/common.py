@@ -6,6 +6,7 @@ They are shared by the built-in policies and open to plugins; they read only the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,7 @@ class Need:
     def gpus_per_node(self) -> int:
         return self.gpus_per_job // self.nodes
 
-    @property
+    @functools.cached_property
     def shape(self) -> NodeShape:
         return NodeShape.model_construct(
             gpus=self.gpus_per_node,

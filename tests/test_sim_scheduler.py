@@ -135,10 +135,10 @@ def test_rebalance_gives_onprem_to_a_protected_job_and_moves_spot_safe_work_with
     assert mobile.node is not None and mobile.node.name == "onprem"
     world.run_until(700.0)
     protected = s.submit(trace_job("protected", duration=100.0), 700.0)
-    s.schedule(700.0)
+    s.schedule(700.0, rebalance=True)
     assert protected.node is None, "no cloud room to move the spot-safe job to"
     s.add_node("spot", 1, Capacity.SPOT, "p", 800.0)
-    s.schedule(800.0)
+    s.schedule(800.0, rebalance=True)
     assert protected.node is not None and protected.node.name == "onprem"
     assert mobile.node is not None and mobile.node.name == "spot"
     # one 600 s + 10 s cycle done and 190 s of work since, all kept by the checkpoint on request
@@ -158,13 +158,13 @@ def test_rebalance_makes_room_for_a_big_job_but_never_moves_one_as_big() -> None
     s.add_node("spot-a", 1, Capacity.SPOT, "p", 10.0)
     s.add_node("spot-b", 1, Capacity.SPOT, "p", 10.0)
     big = s.submit(trace_job("big", gpus=8, duration=10000.0, interval=600.0), 10.0)
-    s.schedule(10.0)
+    s.schedule(10.0, rebalance=True)
     assert big.node is not None and big.node.name == "onprem"
     assert sorted(j.node.name for j in small if j.node) == ["spot-a", "spot-b"]
     world.run_until(200.0)
     rival = s.submit(trace_job("rival", gpus=8, duration=100.0, interval=600.0), 200.0)
     s.add_node("spot-8", 8, Capacity.SPOT, "p", 200.0)
-    s.schedule(200.0)
+    s.schedule(200.0, rebalance=True)
     assert rival.node is not None and rival.node.name == "spot-8"
     assert big.node is not None and big.node.name == "onprem", "an 8-GPU job is never moved for one"
 
@@ -178,7 +178,7 @@ def test_without_rebalance_nothing_moves() -> None:
     mobile = s.submit(trace_job("mobile", interval=600.0), 0.0)
     s.schedule(0.0)
     protected = s.submit(trace_job("protected"), 1.0)
-    s.schedule(1.0)
+    s.schedule(1.0, rebalance=True)
     assert mobile.node is not None and mobile.node.name == "onprem"
     assert protected.node is None
 

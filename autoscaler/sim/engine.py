@@ -347,7 +347,7 @@ def simulate(
             woken = woken or kind in _WAKES
         regular = next_tick <= t
         if regular or woken:
-            scheduler.schedule(t)
+            scheduler.schedule(t, rebalance=True)
             called, cpu = time.perf_counter(), time.process_time()
             report = controller.tick()
             if on_tick is not None:

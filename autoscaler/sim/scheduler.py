@@ -366,9 +366,12 @@ class SimScheduler:
                 job.waited += now - job.pending_since
                 job.pending_since = now
 
-    def schedule(self, now: float) -> int:
-        """Start every pending job that fits, in FIFO order with backfill; returns how many."""
-        if not self._dirty:
+    def schedule(self, now: float, rebalance: bool = False) -> int:
+        """Start every pending job that fits, in FIFO order with backfill; returns how many.
+        ``rebalance`` also hands on-prem nodes to the pending jobs that need them most (see
+        ``_rebalance``): the controller's tick asks for it, as a live controller would act once
+        per tick, not at every job event."""
+        if not self._dirty and not rebalance:
             return 0
         self._dirty = False
         heads: list[tuple[int, BucketKey]] = []
@@ -390,14 +393,17 @@ class SimScheduler:
             started += 1
             if heap and key[0] // key[3] <= self._max_free:
                 heapq.heappush(heads, (heap[0][0], key))
-        if self.placement.rebalance_onprem:
+        if rebalance and self.placement.rebalance_onprem:
             started += self._rebalance(now)
         return started
 
     def _rebalance(self, now: float) -> int:
         """Hand on-prem nodes to pending jobs that need them most (``Placement.rebalance_onprem``),
-        moving smaller spot-safe jobs to free cloud room; returns how many pending jobs started."""
+        moving smaller spot-safe jobs to free cloud room; returns how many pending jobs started.
+        With no free cloud room anywhere no job can be moved, so nothing is looked at."""
         started = 0
+        if not any(self._index[kind] for kind in (Capacity.SPOT, Capacity.ON_DEMAND)):
+            return 0
         candidates = sorted(
             (heap[0][0], key)
             for key, heap in self._buckets.items()

@@ -39,18 +39,19 @@ class TraceJob:
     nodes: int = 1
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
+    shape: NodeShape = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Built once: the scheduler asks for it at every placement attempt.
+        self.shape = NodeShape.model_construct(
+            gpus=self.gpus // self.nodes,
+            gpu_models=self.gpu_models,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+        )
 
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
-
-    @property
-    def shape(self) -> NodeShape:
-        return NodeShape.model_construct(
-            gpus=self.gpus_per_node,
-            gpu_models=self.gpu_models,
-            min_gpu_memory_gib=self.min_gpu_memory_gib,
-        )
 
 
 @dataclass
