@@ -55,6 +55,18 @@ def main(shared: Path, data: Path) -> None:
         data / "traces/alibaba_gpu_v2023_openb.csv",
         lambda r: r["num_gpus"] != "0" and r["duration_s"] != "",
     )
+    # Serving instances of the apps whose number is a multiple of 5: a demand the shipped
+    # scenario's cloud limits can hold (autoscaler/data/README.md).
+    counts["traces/alibaba_gpu_v2025_dlrm_serving_gpu_instances.csv"] = copy_filtered(
+        shared / "traces/alibaba_gpu_v2025_dlrm_serving_gpu_instances.csv",
+        data / "traces/alibaba_gpu_v2025_dlrm_serving_gpu_instances.csv",
+        lambda r: int(r["user_group"].removeprefix("app_")) % 5 == 0,
+    )
+    counts["catalog/gcp_gpu_machine_types.csv"] = copy_filtered(
+        shared / "catalog/gcp_gpu_machine_types.csv",
+        data / "catalog/gcp_gpu_machine_types.csv",
+        lambda r: True,
+    )
     counts["prices/gcp_gpu_vm_price_history.csv"] = copy_filtered(
         shared / "prices/gcp_gpu_vm_price_history.csv",
         data / "prices/gcp_gpu_vm_price_history.csv",
