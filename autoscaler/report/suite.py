@@ -39,12 +39,7 @@ from autoscaler.model import Frozen
 from autoscaler.policy import build_policy, policy_class
 from autoscaler.report.build import DEFAULT_POLICY, policy_result
 from autoscaler.report.model import LowerBoundResult, PolicyResult
-from autoscaler.report.write import (
-    _fsync_directory,
-    _make_directory,
-    _refuse_non_directory,
-    _write_one,
-)
+from autoscaler.report.write import check_out_dir, write_files
 from autoscaler.sim.engine import Prepared, prepare, simulate
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, load_scenario
 
@@ -683,15 +678,13 @@ def render_markdown(report: SuiteReport, show_wall: bool = False) -> str:
 
 def write_suite(report: SuiteReport, out_dir: Path) -> list[Path]:
     """suite.json and suite.md, each renamed into place only once fully written."""
-    _refuse_non_directory(out_dir)
-    contents = [
-        ("suite.json", report.model_dump_json(indent=2) + "\n"),
-        ("suite.md", render_markdown(report)),
-    ]
-    _make_directory(out_dir)
-    written = [_write_one(out_dir, name, text) for name, text in contents]
-    _fsync_directory(out_dir)
-    return written
+    return write_files(
+        out_dir,
+        [
+            ("suite.json", report.model_dump_json(indent=2) + "\n"),
+            ("suite.md", render_markdown(report)),
+        ],
+    )
 
 
 def run_suite_command(args: argparse.Namespace) -> int:
@@ -711,7 +704,7 @@ def run_suite_command(args: argparse.Namespace) -> int:
     if given:
         raise InputError("--suite", f"{', '.join(given)} cannot be combined with --suite")
     loaded = load_suite(args.suite, only_policies=args.policy)
-    _refuse_non_directory(args.out)
+    check_out_dir(args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -29,7 +29,7 @@ def _render_all(report: Report) -> list[tuple[str, str]]:
     ]
 
 
-def _refuse_non_directory(out_dir: Path) -> None:
+def check_out_dir(out_dir: Path) -> None:
     """Checked before rendering so that a wrong path fails fast, with nothing yet touched."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(str(out_dir), "exists and is not a directory; pass a folder for --out")
@@ -80,11 +80,17 @@ def _write_one(out_dir: Path, name: str, text: str) -> Path:
     return target
 
 
-def write_report(report: Report, out_dir: Path) -> list[Path]:
-    """Write report.json, report.md and report.html into ``out_dir``; returns their paths."""
-    _refuse_non_directory(out_dir)
-    contents = _render_all(report)
+def write_files(out_dir: Path, contents: list[tuple[str, str]]) -> list[Path]:
+    """Write each (name, text) into ``out_dir``, each renamed into place only once fully
+    written; returns their paths. A bad folder is one clear error before anything is written."""
+    check_out_dir(out_dir)
     _make_directory(out_dir)
     written = [_write_one(out_dir, name, text) for name, text in contents]
     _fsync_directory(out_dir)
     return written
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write report.json, report.md and report.html into ``out_dir``; returns their paths."""
+    check_out_dir(out_dir)
+    return write_files(out_dir, _render_all(report))
