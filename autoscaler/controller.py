@@ -37,7 +37,7 @@ from autoscaler.policy import Policy
 from autoscaler.provider import Provider
 from autoscaler.provider_calls import WatchedProvider
 from autoscaler.retry import RetryPolicy
-from autoscaler.shapes import Unhostable, offers_of, unhostable_groups
+from autoscaler.shapes import OnPremKinds, Unhostable, offers_of, unhostable_groups
 from autoscaler.sources import (
     CheckpointingScheduler,
     NodeSource,
@@ -157,7 +157,7 @@ class Controller:
         self.last_plan: Plan | None = None
         self._unhostable_said: set[str] = set()
         self._unhostable_cache: (
-            tuple[tuple[DemandGroup, ...], tuple[object, ...], list[Unhostable]] | None
+            tuple[tuple[DemandGroup, ...], OnPremKinds, list[Unhostable]] | None
         ) = None
         self._tick = 0
         self._billed: set[str] = set()
@@ -228,12 +228,12 @@ class Controller:
         """Pending jobs no configured capacity can ever host: they stay pending, never put on
         other GPUs, and are said once each time the set of such shapes changes."""
         groups = view.demand.groups
-        onprem = tuple((n.gpus, n.gpu_model, n.gpu_memory_gib) for n in view.onprem)
+        onprem = view.onprem_kinds
         cached = self._unhostable_cache
         if cached is not None and cached[0] is groups and cached[1] == onprem:
             found = cached[2]
         else:
-            found = unhostable_groups(groups, offers_of(self.config.pools, view.onprem))
+            found = unhostable_groups(groups, offers_of(self.config.pools, onprem))
             self._unhostable_cache = (groups, onprem, found)
         labels = {u.label for u in found}
         if labels != self._unhostable_said:

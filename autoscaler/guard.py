@@ -268,9 +268,15 @@ def fitting_launches(
     left with no such pool is dropped; each removal is a ``shape`` clamp."""
     pools = view.pool_by_name
     kept: list[LaunchRequest] = []
+    # A plan names the same few shapes against the same pools many times over: which pools can
+    # host a shape is worked out once per shape.
+    hosting: dict[NodeShape, set[str]] = {}
     for launch in launches:
         shape = launch_shape(launch, view)
-        names = [n for n in (launch.pool, *launch.fallbacks) if pools[n].pool.can_host(shape)]
+        able = hosting.get(shape)
+        if able is None:
+            able = hosting[shape] = {n for n, p in pools.items() if p.pool.can_host(shape)}
+        names = [n for n in (launch.pool, *launch.fallbacks) if n in able]
         refused = [n for n in (launch.pool, *launch.fallbacks) if n not in names]
         for name in refused:
             clamps.append(

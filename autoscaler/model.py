@@ -11,6 +11,7 @@ Hot paths build these objects with ``model_construct`` from data already validat
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -46,6 +47,8 @@ def _model_tokens(name: str) -> frozenset[str]:
     return frozenset(t for t in re.split(r"[^a-z0-9]+", name.lower()) if t)
 
 
+# A fleet names a handful of models and jobs a handful more; each pair is judged once.
+@functools.lru_cache(maxsize=8192)
 def gpu_model_matches(wanted: str, offered: str | None) -> bool:
     """Whether a GPU of model ``offered`` is one a job asking for ``wanted`` accepts.
 
@@ -521,6 +524,16 @@ class FleetView(Frozen):
         for node in self.instances:
             if node.state in HOLDING_STATES:
                 counts[node.pool] = counts.get(node.pool, 0) + 1
+        return counts
+
+    @cached_property
+    def onprem_kinds(self) -> Mapping[tuple[int, str | None, float | None], int]:
+        """On-prem nodes counted by what they have (GPUs, model, memory per GPU): what a shape
+        check needs of a fleet of thousands of nodes, counted once per view."""
+        counts: dict[tuple[int, str | None, float | None], int] = {}
+        for node in self.onprem:
+            key = (node.gpus, node.gpu_model, node.gpu_memory_gib)
+            counts[key] = counts.get(key, 0) + 1
         return counts
 
     @property

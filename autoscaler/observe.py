@@ -265,29 +265,30 @@ class Observer:
         underused: Mapping[str, float],
         noticed: set[str],
         errors: list[str],
-    ) -> dict[str, tuple[float, bool, tuple[int, ...], bool]]:
+    ) -> dict[str, tuple[float | None, bool, tuple[int, ...], bool]]:
         """For each node a policy may give back, what draining it would throw away, whether
         all its jobs checkpoint, and the GPUs each of its jobs holds there. Only nodes whose
         GPUs read idle, that are underused, that the cloud is taking back (their jobs' sizes
         are what a replacement must hold) or that are on-demand where spot pools exist (a
-        policy may replace them) are asked about, in one scheduler query."""
+        policy may replace them) are asked about, in one scheduler query. The work at risk,
+        which grows every second, is left unknown on the busy on-demand nodes, so that their
+        view objects stay the same from tick to tick while their jobs do."""
         if self.jobs is None:
             return {}
-        found: dict[str, tuple[float, bool, tuple[int, ...], bool]] = {}
+        found: dict[str, tuple[float | None, bool, tuple[int, ...], bool]] = {}
         ask: list[str] = []
+        sized_only: set[str] = set()
         for record in self.table.live():
             seen = usage.get(record.id)
             if record.state is not InstanceState.RUNNING or seen is None:
                 continue
             if seen.gpus_allocated == 0:
                 found[record.id] = (0.0, True, (), False)
-            elif (
-                seen.idle_since is not None
-                or record.id in underused
-                or record.id in noticed
-                or record.pool in self._replaceable_pools
-            ):
+            elif seen.idle_since is not None or record.id in underused or record.id in noticed:
                 ask.append(record.id)
+            elif record.pool in self._replaceable_pools:
+                ask.append(record.id)
+                sized_only.add(record.id)
         if not ask:
             return found
         try:
@@ -298,7 +299,9 @@ class Observer:
         for node in ask:
             jobs = running.get(node, ())
             found[node] = (
-                sum(
+                None
+                if node in sized_only
+                else sum(
                     self.checkpoints.unsaved_gpu_s(job.id, job.gpus, job.started_at, now)
                     for job in jobs
                 ),
@@ -315,7 +318,7 @@ class Observer:
         self,
         usage: Mapping[str, NodeUsage],
         underused: Mapping[str, float],
-        at_risk: Mapping[str, tuple[float, bool, tuple[int, ...], bool]],
+        at_risk: Mapping[str, tuple[float | None, bool, tuple[int, ...], bool]],
     ) -> tuple[CloudNode, ...]:
         """One ``CloudNode`` per live record; last tick's object is reused when nothing about
         the node changed, since most of a large fleet is the same from one tick to the next."""

@@ -8,7 +8,7 @@ is pending, and by ``validate`` and ``report`` before a replay starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autoscaler.model import DemandGroup, NodeShape, OnPremNode, Pool
@@ -26,17 +26,25 @@ class NodeOffer:
     name: str
 
 
-def offers_of(pools: Iterable[Pool], onprem: Iterable[OnPremNode]) -> list[NodeOffer]:
-    """Every pool as an offer, and the on-prem nodes grouped by what they have."""
-    offers = [
-        NodeOffer(p.gpus_per_instance, p.gpu_model, p.gpu_memory_gib, p.max_instances, p.name)
-        for p in pools
-    ]
+OnPremKinds = Mapping[tuple[int, str | None, float | None], int]
+
+
+def onprem_kinds(onprem: Iterable[OnPremNode]) -> OnPremKinds:
+    """On-prem nodes counted by what they have (GPUs, model, memory per GPU)."""
     counted: dict[tuple[int, str | None, float | None], int] = {}
     for node in onprem:
         key = (node.gpus, node.gpu_model, node.gpu_memory_gib)
         counted[key] = counted.get(key, 0) + 1
-    for (gpus, model, memory), count in counted.items():
+    return counted
+
+
+def offers_of(pools: Iterable[Pool], onprem: OnPremKinds) -> list[NodeOffer]:
+    """Every pool as an offer, and each kind of on-prem node with how many there are."""
+    offers = [
+        NodeOffer(p.gpus_per_instance, p.gpu_model, p.gpu_memory_gib, p.max_instances, p.name)
+        for p in pools
+    ]
+    for (gpus, model, memory), count in onprem.items():
         offers.append(NodeOffer(gpus, model, memory, count, f"on-prem {gpus}x{model or 'GPU'}"))
     return offers
 
@@ -81,9 +89,13 @@ def unhostable_groups(
 ) -> list[Unhostable]:
     """The pending demand no offer can ever host, folded by shape."""
     found: dict[tuple[NodeShape, int], int] = {}
+    verdicts: dict[tuple[NodeShape, int], bool] = {}
     for group in groups:
         shape = group.shape
-        if not can_host(shape, group.nodes, offers):
+        fits = verdicts.get((shape, group.nodes))
+        if fits is None:
+            fits = verdicts[(shape, group.nodes)] = can_host(shape, group.nodes, offers)
+        if not fits:
             key = (shape, group.nodes)
             found[key] = found.get(key, 0) + group.jobs
     return [

@@ -317,7 +317,7 @@ def build_world(
                 if checkpointable
                 else None,
                 checkpoint_duration_s=60.0 if checkpointable else None,
-                gpu_model=rng.choices((None, "A100-80GB", "H100"), weights=(80, 15, 5))[0],
+                gpu_models=rng.choices(((), ("A100-80GB",), ("H100",)), weights=(80, 15, 5))[0],
                 partition=rng.choice(("batch", "train", "interactive")),
             )
         )

@@ -260,7 +260,9 @@ def can_ever_host(view: FleetView, need: Need) -> bool:
     shape = need.shape
     if Capacity.ONPREM in need.tiers:
         fitting = sum(
-            1 for n in view.onprem if shape.accepts(n.gpus, n.gpu_model, n.gpu_memory_gib)
+            count
+            for (gpus, model, memory), count in view.onprem_kinds.items()
+            if shape.accepts(gpus, model, memory)
         )
         if fitting >= need.nodes:
             return True
@@ -391,8 +393,17 @@ def pack(
     when given (a policy whose fallbacks reach beyond its offers)."""
     bins: dict[tuple[str, NodeShape, int], _Bins] = {}
     fallbacks: dict[tuple[str, NodeShape, int], Sequence[str]] = {}
+    verdicts: dict[tuple[str, NodeShape], bool] = {}
+
+    def fits(need: Need, pool: PoolView) -> bool:
+        # Needs of one shape (other intervals, tiers) ask the same of the same pools.
+        found = verdicts.get((pool.pool.name, need.shape))
+        if found is None:
+            found = verdicts[(pool.pool.name, need.shape)] = need.fits(pool)
+        return found
+
     for need in needs:
-        offers = [o for o in offers_for(need) if need.fits(o.pool)]
+        offers = [o for o in offers_for(need) if fits(need, o.pool)]
         allowed = {o.name for o in offers}
         remaining = need.jobs
         per_job = need.nodes
@@ -454,7 +465,9 @@ def pack(
                     f
                     for f in fallbacks_for(need, chosen)
                     if f != chosen.name
-                    and (f in allowed or (pools is not None and f in pools and need.fits(pools[f])))
+                    and (
+                        f in allowed or (pools is not None and f in pools and fits(need, pools[f]))
+                    )
                 ]
     return [
         LaunchRequest(

@@ -30,7 +30,7 @@ from autoscaler.model import (
     gpu_model_matches,
 )
 from autoscaler.policy import POLICY_GROUP, installed, load_policy
-from autoscaler.shapes import offers_of, unhostable_groups
+from autoscaler.shapes import offers_of, onprem_kinds, unhostable_groups
 from policies.cost_aware import CostAwareParams
 
 NOW = 1_000_000.0
@@ -297,11 +297,11 @@ def test_a_gang_larger_than_any_pool_may_launch_is_unhostable() -> None:
     groups = [DemandGroup(gpus_per_job=32, jobs=2, nodes=4, oldest_submit_time=0)]
     offers = offers_of(
         [pool("eight", gpus=8, max_instances=3)],
-        [OnPremNode(name=f"n{i}", gpus=8) for i in range(2)],
+        onprem_kinds([OnPremNode(name=f"n{i}", gpus=8) for i in range(2)]),
     )
     (found,) = unhostable_groups(groups, offers)
     assert found.jobs == 2 and "at most 3 at once" in found.reason
-    roomy = offers_of([pool("eight", gpus=8, max_instances=4)], [])
+    roomy = offers_of([pool("eight", gpus=8, max_instances=4)], {})
     assert unhostable_groups(groups, roomy) == []
 
 

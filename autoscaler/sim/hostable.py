@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from autoscaler.gpus import memory_gib
 from autoscaler.model import OnPremNode
-from autoscaler.shapes import NodeOffer, can_host, offers_of, why_not
+from autoscaler.shapes import NodeOffer, can_host, offers_of, onprem_kinds, why_not
 from autoscaler.sim.engine import Prepared
 from autoscaler.sim.scenario import Scenario
 
@@ -43,7 +43,7 @@ def scenario_offers(scenario: Scenario) -> list[NodeOffer]:
         for spec in scenario.onprem
         for i in range(spec.count)
     ]
-    return offers_of(scenario.controller.pools, onprem)
+    return offers_of(scenario.controller.pools, onprem_kinds(onprem))
 
 
 def check_hostable(prepared: Prepared) -> HostCheck:

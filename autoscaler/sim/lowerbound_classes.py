@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from autoscaler.gpus import memory_gib
 from autoscaler.model import NodeShape, OnPremNode, Pool
-from autoscaler.shapes import NodeOffer, can_host, offers_of
+from autoscaler.shapes import NodeOffer, can_host, offers_of, onprem_kinds
 from autoscaler.sim.cloud import PoolMarketModel
 from autoscaler.sim.series import StepSeries
 
@@ -198,7 +198,7 @@ def _offers(onprem: Sequence[OnPremKind], pools: Sequence[Pool]) -> list[NodeOff
         for i, kind in enumerate(onprem)
         for n in range(kind.count)
     ]
-    return offers_of(pools, nodes)
+    return offers_of(pools, onprem_kinds(nodes))
 
 
 def _where_it_fits(

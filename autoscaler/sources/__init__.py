@@ -9,6 +9,7 @@ scheduler); wiring finds the roles by the methods it has. The simulator implemen
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -131,24 +132,17 @@ class GroupKey(NamedTuple):
     min_gpu_memory_gib: float | None = None
 
 
-def job_key(job: Job) -> GroupKey:
-    return GroupKey(
-        job.gpus,
-        job.checkpoint_interval_s,
-        job.high_priority,
-        job.gpu_models,
-        job.partition,
-        job.nodes,
-        job.min_gpu_memory_gib,
-    )
+_job_key = operator.attrgetter(*GroupKey._fields)
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
     """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
-    counts: dict[GroupKey, int] = {}
-    oldest: dict[GroupKey, float] = {}
+    counts: dict[tuple[object, ...], int] = {}
+    oldest: dict[tuple[object, ...], float] = {}
     for job in jobs:
-        key = job_key(job)
+        # A plain tuple equal to the job's GroupKey, read in C (this runs for every pending
+        # job); the groups are built from GroupKeys.
+        key = _job_key(job)
         submitted = job.submit_time
         if key in counts:
             counts[key] += 1
@@ -156,7 +150,10 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
         else:
             counts[key] = 1
             oldest[key] = submitted
-    return groups_from_counts(counts, oldest)
+    return groups_from_counts(
+        {GroupKey._make(k): v for k, v in counts.items()},
+        {GroupKey._make(k): v for k, v in oldest.items()},
+    )
 
 
 def groups_from_counts(
