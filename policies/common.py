@@ -580,11 +580,12 @@ def underused_nodes(view: FleetView, wait_s: float | None) -> list[CloudNode]:
     return found
 
 
-def on_demand_nodes_to_replace(view: FleetView) -> list[CloudNode]:
+def on_demand_nodes_to_replace(view: FleetView, min_age_s: float) -> list[CloudNode]:
     """Running on-demand nodes, busy, whose jobs all checkpoint and run on this node alone, that
-    have run at least twice their pool's boot time (so a node bought a moment ago, while spot
-    was short, is not given back on the next tick): the nodes a policy may replace by cheaper
-    capacity."""
+    have run at least ``min_age_s`` (and twice their pool's boot time): the nodes a policy may
+    replace by cheaper capacity. Run times are heavy-tailed, so work that has run long is
+    likely to run long yet and pays for the restart a move costs; a node bought a moment ago,
+    while spot was short, is left to finish its work."""
     pools = view.pool_by_name
     found = []
     for node in view.instances:
@@ -595,7 +596,7 @@ def on_demand_nodes_to_replace(view: FleetView) -> list[CloudNode]:
             continue
         if node.multi_node_jobs is not False:
             continue  # moving one member would requeue a whole gang for one node's saving
-        if view.now - node.launched_at >= 2 * pool.pool.boot_seconds:
+        if view.now - node.launched_at >= max(min_age_s, 2 * pool.pool.boot_seconds):
             found.append(node)
     return found
 

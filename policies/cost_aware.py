@@ -131,6 +131,12 @@ class CostAwareParams(BaseModel):
         "on-prem GPUs would host them for at most consolidate_below of its price (on-demand "
         "bought while spot had no capacity); its jobs move at their next checkpoint",
     )
+    replace_on_demand_after_s: float = Field(
+        3600.0,
+        ge=0,
+        description="replace an on-demand node only once it has run this long: long-running "
+        "work is likely to run on and pays for its move, short work is left to finish",
+    )
     on_demand_fallback: bool = Field(
         True,
         description="let spot-safe jobs use on-demand when no "
@@ -169,7 +175,7 @@ class CostAwarePolicy:
         replaceable = (
             [
                 n
-                for n in on_demand_nodes_to_replace(view)
+                for n in on_demand_nodes_to_replace(view, self.params.replace_on_demand_after_s)
                 if n.instance_id not in idle_ids and n not in underused
             ]
             if self.params.consolidate_below is not None and self.params.replace_on_demand
