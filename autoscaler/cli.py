@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from autoscaler.errors import InputError, describe
+from autoscaler.model import Pool
 
 EXIT_BAD_INPUT = 2
 
@@ -169,6 +170,7 @@ def _validate(args: argparse.Namespace) -> int:
             )
         prepared = prepare(loaded)
         scenario = loaded.scenario
+        _warn_unknown_models(args.file, "controller.pools", scenario.controller.pools)
         unhostable = check_hostable(prepared)
         if unhostable.jobs:
             print(f"{args.file}: trace: {unhostable.describe()}", file=sys.stderr)
@@ -180,11 +182,26 @@ def _validate(args: argparse.Namespace) -> int:
         return 0
     config = config_from_document(document)
     load_policy(config.policy.name, config.policy.params, where=str(args.file))
+    _warn_unknown_models(args.file, "pools", config.pools)
     print(
         f"{args.file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
         f"policy {config.policy.name!r}"
     )
     return 0
+
+
+def _warn_unknown_models(file: Path, field: str, pools: Sequence[Pool]) -> None:
+    """A pool whose GPU model neither its config nor the shipped catalog of its cloud gives:
+    it can still host jobs that accept any GPU, never one that asks for a model, so say so."""
+    for index, pool in enumerate(pools):
+        if pool.gpu_model is None:
+            print(
+                f"{file}: {field}[{index}] ({pool.name}): warning: GPU model unknown "
+                f"({pool.instance_type} is not in the shipped {pool.provider} catalog and "
+                "gpu_model is not set): jobs that ask for a GPU model are never placed "
+                "there; set gpu_model",
+                file=sys.stderr,
+            )
 
 
 def _run(args: argparse.Namespace) -> int:

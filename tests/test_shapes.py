@@ -346,3 +346,22 @@ def test_with_capacity_failing_the_default_never_falls_back_to_smaller_shapes() 
         assert all(a.pool == "eight" for a in report.actions if a.kind == "launch")
         t.clock.advance(60)
     assert not t.cloud.instances
+
+
+def test_validate_warns_of_a_pool_whose_gpu_model_nothing_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "fleet_id: f\npools:\n"
+        "  - {name: mystery, provider: aws, region: us-east-1, instance_type: x9.big,\n"
+        "     gpus_per_instance: 1, market: spot}\n"
+        "  - {name: stated, provider: aws, region: us-east-1, instance_type: x9.big,\n"
+        "     gpus_per_instance: 1, gpu_model: L4, market: spot}\n"
+        "  - {name: known, provider: aws, region: us-east-1, instance_type: g5.xlarge,\n"
+        "     gpus_per_instance: 1, market: spot}\n"
+    )
+    assert main(["validate", str(config)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "pools[0] (mystery)" in err[0] and "GPU model unknown" in err[0]
