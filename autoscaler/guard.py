@@ -276,8 +276,11 @@ def fitting_launches(
         able = hosting.get(shape)
         if able is None:
             able = hosting[shape] = {n for n, p in pools.items() if p.pool.can_host(shape)}
+        if launch.pool in able and able.issuperset(launch.fallbacks):
+            kept.append(launch)
+            continue
         names = [n for n in (launch.pool, *launch.fallbacks) if n in able]
-        refused = [n for n in (launch.pool, *launch.fallbacks) if n not in names]
+        refused = [n for n in (launch.pool, *launch.fallbacks) if n not in able]
         for name in refused:
             clamps.append(
                 Clamp(
