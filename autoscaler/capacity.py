@@ -95,6 +95,21 @@ class InterruptionHistory:
             events.popleft()
         return len(events)
 
+    def reclaims(self, pool: str, now: float) -> int:
+        """Distinct reclaims among the recent interruptions: those recorded at one moment (one
+        tick) are one reclaim of several instances."""
+        self.recent(pool, now)
+        events = self._events.get(pool)
+        if not events:
+            return 0
+        count = 0
+        last: float | None = None
+        for when in events:
+            if when != last:
+                count += 1
+                last = when
+        return count
+
     def exposure_hours(self, pool: str, now: float) -> float:
         buckets = self._exposure.get(pool)
         if not buckets:

@@ -189,7 +189,8 @@ class CloudNode(Frozen):
     GPUs read idle and those underused, where a checkpointing scheduler is configured; ``None``
     elsewhere. ``job_gpus`` is the GPUs each of its jobs holds on it, and ``multi_node_jobs``
     whether any of them also runs on other nodes, known for the same nodes and for those under
-    an interruption notice (what a replacement must hold).
+    an interruption notice (what a replacement must hold); ``gang_jobs`` names those multi-node
+    jobs with the number of nodes each spans, so a policy can tell when it sees a gang whole.
     """
 
     instance_id: str
@@ -207,6 +208,7 @@ class CloudNode(Frozen):
     jobs_checkpoint: bool | None = None
     job_gpus: tuple[PositiveInt, ...] | None = None
     multi_node_jobs: bool | None = None
+    gang_jobs: tuple[tuple[str, PositiveInt], ...] | None = None
 
 
 class OnPremNode(Frozen):
@@ -357,7 +359,9 @@ class PoolView(Frozen):
 
     ``recent_interruptions`` happened during ``recent_instance_hours`` of our instances running
     in the pool, over the controller's interruption window: their ratio is the pool's observed
-    interruption rate per instance-hour.
+    interruption rate per instance-hour. ``recent_reclaims`` is how many distinct reclaims
+    (interruptions in one tick) they came in: how many instances one reclaim takes at once says
+    how much more a job spread over several instances risks than a job on one.
     """
 
     pool: Pool
@@ -366,6 +370,7 @@ class PoolView(Frozen):
     risky_until: float | None = None
     recent_interruptions: NonNegativeInt = 0
     recent_instance_hours: NonNegativeFloat = 0.0
+    recent_reclaims: NonNegativeInt = 0
 
     @property
     def name(self) -> str:

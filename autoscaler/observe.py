@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from autoscaler.capacity import CapacityCache, InterruptionHistory
 from autoscaler.checkpoints import CheckpointLedger
@@ -43,6 +43,16 @@ from autoscaler.sources import (
 from autoscaler.telemetry import IdleTracker, apply
 
 log = logging.getLogger(__name__)
+
+
+class JobsOnNode(NamedTuple):
+    """What the scheduler says of the jobs on one cloud node a policy may give back."""
+
+    unsaved_gpu_s: float | None  # what draining it now would throw away (None: not asked)
+    checkpoint: bool  # every job on it saves checkpoints
+    job_gpus: tuple[int, ...]  # the GPUs each job holds on it, largest first
+    multi_node: bool  # some job also runs on other nodes
+    gangs: tuple[tuple[str, int], ...]  # those multi-node jobs: (job id, nodes it spans)
 
 
 @dataclass
@@ -265,7 +275,7 @@ class Observer:
         underused: Mapping[str, float],
         noticed: set[str],
         errors: list[str],
-    ) -> dict[str, tuple[float | None, bool, tuple[int, ...], bool]]:
+    ) -> dict[str, JobsOnNode]:
         """For each node a policy may give back, what draining it would throw away, whether
         all its jobs checkpoint, and the GPUs each of its jobs holds there. Only nodes whose
         GPUs read idle, that are underused, that the cloud is taking back (their jobs' sizes
@@ -275,7 +285,7 @@ class Observer:
         view objects stay the same from tick to tick while their jobs do."""
         if self.jobs is None:
             return {}
-        found: dict[str, tuple[float | None, bool, tuple[int, ...], bool]] = {}
+        found: dict[str, JobsOnNode] = {}
         ask: list[str] = []
         sized_only: set[str] = set()
         for record in self.table.live():
@@ -283,7 +293,7 @@ class Observer:
             if record.state is not InstanceState.RUNNING or seen is None:
                 continue
             if seen.gpus_allocated == 0:
-                found[record.id] = (0.0, True, (), False)
+                found[record.id] = JobsOnNode(0.0, True, (), False, ())
             elif seen.idle_since is not None or record.id in underused or record.id in noticed:
                 ask.append(record.id)
             elif record.pool in self._replaceable_pools:
@@ -298,7 +308,7 @@ class Observer:
             return found
         for node in ask:
             jobs = running.get(node, ())
-            found[node] = (
+            found[node] = JobsOnNode(
                 None
                 if node in sized_only
                 else sum(
@@ -311,6 +321,7 @@ class Observer:
                 ),
                 tuple(sorted((job.gpus for job in jobs), reverse=True)),
                 any(job.nodes > 1 for job in jobs),
+                tuple(sorted((job.id, job.nodes) for job in jobs if job.nodes > 1)),
             )
         return found
 
@@ -318,7 +329,7 @@ class Observer:
         self,
         usage: Mapping[str, NodeUsage],
         underused: Mapping[str, float],
-        at_risk: Mapping[str, tuple[float | None, bool, tuple[int, ...], bool]],
+        at_risk: Mapping[str, JobsOnNode],
     ) -> tuple[CloudNode, ...]:
         """One ``CloudNode`` per live record; last tick's object is reused when nothing about
         the node changed, since most of a large fleet is the same from one tick to the next."""
@@ -345,10 +356,11 @@ class Observer:
                     empty_since=seen.empty_since if seen else None,
                     joined=seen is not None,
                     underused_since=since,
-                    work_at_risk_gpu_s=risk[0] if risk is not None else None,
-                    jobs_checkpoint=risk[1] if risk is not None else None,
-                    job_gpus=risk[2] if risk is not None else None,
-                    multi_node_jobs=risk[3] if risk is not None else None,
+                    work_at_risk_gpu_s=risk.unsaved_gpu_s if risk is not None else None,
+                    jobs_checkpoint=risk.checkpoint if risk is not None else None,
+                    job_gpus=risk.job_gpus if risk is not None else None,
+                    multi_node_jobs=risk.multi_node if risk is not None else None,
+                    gang_jobs=risk.gangs if risk is not None else None,
                 )
             cache[record.id] = (key, node)
             nodes.append(node)
@@ -364,6 +376,7 @@ class Observer:
                 risky_until=self.history.risky_until(pool.name, now),
                 recent_interruptions=self.history.recent(pool.name, now),
                 recent_instance_hours=self.history.exposure_hours(pool.name, now),
+                recent_reclaims=self.history.reclaims(pool.name, now),
             )
             for pool in self.config.pools
         )

@@ -508,15 +508,20 @@ def effective_cost_per_hour(
     interruption_rate_per_hour: float,
     min_useful_fraction: float,
     members: int = 1,
+    reclaim_size: float = 1.0,
 ) -> float:
     """Spot price grossed up by the work interruptions waste: what an hour of *useful* work costs.
 
     With interruptions at rate λ per hour, each losing on average half a checkpoint interval
     plus the time to get a replacement booted and the job restarted, the useful share of a paid
     hour is ``1 - λ·(interval/2 + restart)``. A job of ``members`` nodes stops whole when any one
-    of them is taken, so its rate is ``members·λ``. A job that cannot checkpoint loses everything
-    it did, so it never gets a finite price on spot. Below ``min_useful_fraction`` the pool is
-    not worth buying at any price.
+    of them is taken. If the pool's reclaims take one instance at a time, that happens
+    ``members`` times as often; if each takes ``reclaim_size`` instances at once (a pool that
+    runs dry takes all of them), the members tend to go together and the job's rate is
+    ``members / min(members, reclaim_size)`` times λ: λ itself when a reclaim takes at least
+    as many instances as the job has. A job that cannot checkpoint loses everything it did, so
+    it never gets a finite price on spot. Below ``min_useful_fraction`` the pool is not worth
+    buying at any price.
     """
     if pool.price is None:
         return math.inf
@@ -526,7 +531,8 @@ def effective_cost_per_hour(
     if checkpoint_interval_s is None:
         return math.inf
     lost_hours = (checkpoint_interval_s / 2 + restart_overhead_s + pool.pool.boot_seconds) / HOUR
-    useful = 1.0 - members * interruption_rate_per_hour * lost_hours
+    together = min(float(members), max(1.0, reclaim_size))
+    useful = 1.0 - members / together * interruption_rate_per_hour * lost_hours
     if useful < min_useful_fraction:
         return math.inf
     return price / useful
@@ -599,6 +605,31 @@ def on_demand_nodes_to_replace(view: FleetView, min_age_s: float) -> list[CloudN
         if view.now - node.launched_at >= max(min_age_s, 2 * pool.pool.boot_seconds):
             found.append(node)
     return found
+
+
+def on_demand_gangs_to_replace(view: FleetView, min_age_s: float) -> list[tuple[CloudNode, ...]]:
+    """Multi-node jobs running whole on busy on-demand nodes that hold nothing else, each the
+    tuple of its nodes, once they have run as long as ``on_demand_nodes_to_replace`` asks. A
+    gang moves whole or not at all (one member taken requeues the job), so it is replaced as
+    one: only when every node it spans is seen here."""
+    pools = view.pool_by_name
+    members: dict[tuple[str, int], list[CloudNode]] = {}
+    for node in view.instances:
+        if node.state is not InstanceState.RUNNING or not node.gang_jobs:
+            continue
+        pool = pools.get(node.pool)
+        if pool is None or pool.pool.is_spot or node.jobs_checkpoint is not True:
+            continue
+        if len(node.gang_jobs) != 1 or len(node.job_gpus or ()) != 1:
+            continue  # shared with other jobs: moving the gang would not free the node
+        if view.now - node.launched_at < max(min_age_s, 2 * pool.pool.boot_seconds):
+            continue
+        members.setdefault(node.gang_jobs[0], []).append(node)
+    return [
+        tuple(sorted(nodes, key=lambda n: n.instance_id))
+        for (_, spans), nodes in sorted(members.items())
+        if len(nodes) == spans
+    ]
 
 
 def onprem_room(available: Supply) -> list[int]:

@@ -36,6 +36,7 @@ from policies.common import (
     headroom,
     idle_nodes,
     needs_from,
+    on_demand_gangs_to_replace,
     on_demand_nodes_to_replace,
     onprem_room,
     pack,
@@ -204,6 +205,12 @@ class CostAwarePolicy:
         drains = drain_requests(idle, available.kept, view, "GPUs idle by measured utilisation")
         moves = self._consolidations(view, underused, available, offers_for)
         moves += self._replacements(view, replaceable, available, offers_for)
+        if self.params.consolidate_below is not None and self.params.replace_on_demand:
+            moves += self._gang_replacements(
+                view,
+                on_demand_gangs_to_replace(view, self.params.replace_on_demand_after_s),
+                offers_for,
+            )
         return Plan(
             launches=tuple(launches),
             drains=drains + moves,
@@ -268,6 +275,55 @@ class CostAwarePolicy:
                         move_jobs=True,
                     )
                 )
+        return tuple(moves)
+
+    def _gang_replacements(
+        self,
+        view: FleetView,
+        gangs: list[tuple[CloudNode, ...]],
+        offers_for: Callable[[Need], list[Offer]],
+    ) -> tuple[DrainRequest, ...]:
+        """Multi-node jobs on on-demand nodes that a spot gang would now host for at most
+        ``consolidate_below`` of their price, priced as a gang (its risk grows with its
+        members): on-demand bought while no spot pool had room for the whole gang is given back
+        once one has. All its nodes are drained together, the job leaving at its next
+        checkpoint, and the requeued gang is launched like any other pending one."""
+        limit = self.params.consolidate_below
+        if limit is None or not gangs:
+            return ()
+        tiers = self.placement.tiers(True, False)
+        moves: list[DrainRequest] = []
+        for nodes in gangs:
+            pools = [view.pool_by_name.get(n.pool) for n in nodes]
+            prices = [p.price.price_per_hour for p in pools if p is not None and p.price]
+            if len(prices) != len(nodes) or any(price <= 0 for price in prices):
+                continue
+            per_node = nodes[0].job_gpus[0] if nodes[0].job_gpus else nodes[0].gpus_allocated
+            models = {p.pool.gpu_model for p in pools if p is not None}
+            model = models.pop() if len(models) == 1 else None
+            need = Need(
+                per_node * len(nodes),
+                1,
+                tiers,
+                self.params.displaced_checkpoint_interval_s,
+                nodes=len(nodes),
+                gpu_models=(model,) if model else (),
+            )
+            elsewhere = min(
+                (o.cost_per_gpu_hour * need.gpus_per_job for o in offers_for(need) if o.spot),
+                default=math.inf,
+            )
+            if elsewhere <= limit * sum(prices):
+                moves += [
+                    DrainRequest(
+                        instance_id=node.instance_id,
+                        reason=f"on-demand gang of {len(nodes)} while spot has room again: its "
+                        f"job moves at its next checkpoint to a spot gang costing "
+                        f"${elsewhere:.2f}/h instead of ${sum(prices):.2f}/h",
+                        move_jobs=True,
+                    )
+                    for node in nodes
+                ]
         return tuple(moves)
 
     def _consolidations(
@@ -342,6 +398,7 @@ class CostAwarePolicy:
                 rates[pool.name],
                 self.params.min_useful_fraction,
                 need.nodes,
+                pool.recent_interruptions / pool.recent_reclaims if pool.recent_reclaims else 1.0,
             )
             offers.append(Offer(pool, cost, headroom(view, pool)))
         offers.sort(key=lambda o: o.cost_per_gpu_hour)

@@ -8,6 +8,7 @@ from fakes import pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoscaler.capacity import InterruptionHistory
 from autoscaler.model import (
     CloudNode,
     Demand,
@@ -216,6 +217,25 @@ def test_effective_cost_rises_with_interruption_rate_and_checkpoint_interval() -
     assert math.isinf(effective_cost_per_hour(p, None, 120.0, 0.0, 0.5)), "no checkpoint"
     assert math.isinf(effective_cost_per_hour(p, 1800.0, 120.0, 5.0, 0.5)), "not worth it"
     assert effective_cost_per_hour(pv(OD1, 3.0), None, 120.0, 9.0, 0.5) == 3.0
+
+
+def test_a_gang_risks_more_than_one_node_unless_the_pool_reclaims_them_together() -> None:
+    p = pv(SPOT1, 1.0)
+    one = effective_cost_per_hour(p, 1800.0, 120.0, 0.2, 0.1)
+    alone = effective_cost_per_hour(p, 1800.0, 120.0, 0.2, 0.1, members=4)
+    together = effective_cost_per_hour(p, 1800.0, 120.0, 0.2, 0.1, members=4, reclaim_size=8)
+    pairs = effective_cost_per_hour(p, 1800.0, 120.0, 0.2, 0.1, members=4, reclaim_size=2)
+    assert together == one, "reclaims that take every instance stop a gang no more often"
+    assert one < pairs < alone, "one-at-a-time reclaims stop a gang of four four times as often"
+
+
+def test_reclaims_count_interruptions_of_one_moment_once() -> None:
+    history = InterruptionHistory(risky_ttl_s=3600.0)
+    for when in (100.0, 100.0, 100.0, 500.0):
+        history.record("p", when)
+    assert (history.recent("p", 600.0), history.reclaims("p", 600.0)) == (4, 2)
+    assert history.reclaims("p", 100.0 + 3 * 86_400 + 1) == 1, "the window forgets the first"
+    assert history.reclaims("q", 600.0) == 0
 
 
 @settings(max_examples=150, deadline=None)

@@ -368,6 +368,75 @@ def test_an_on_demand_node_stays_while_spot_is_not_much_cheaper_or_the_move_is_u
     assert not off.decide(_od_view(spot_price=0.9)).drains
 
 
+def _od_gang_view(
+    *, spot_price: float, members_seen: int = 2, spans: int = 2, shared: bool = False
+) -> FleetView:
+    """A 2-node job on two 8-GPU on-demand nodes at $24/h each, with a spot pool beside."""
+    now = 100_000.0
+    od = Pool(
+        name="od",
+        provider="aws",
+        region="r",
+        instance_type="p3.16xlarge",
+        gpus_per_instance=8,
+        gpu_model="V100",
+        market="on-demand",  # type: ignore[arg-type]
+        boot_seconds=180,
+    )
+    spot = Pool.model_validate({**od.model_dump(), "name": "spot", "market": "spot"})
+    nodes = tuple(
+        CloudNode(
+            instance_id=f"od-{i}",
+            pool="od",
+            state=InstanceState.RUNNING,
+            launched_at=now - 7200,
+            gpus=8,
+            gpus_allocated=8,
+            joined=True,
+            jobs_checkpoint=True,
+            job_gpus=(4, 4) if shared else (8,),
+            multi_node_jobs=True,
+            gang_jobs=(("train", spans),),
+        )
+        for i in range(members_seen)
+    )
+    return FleetView(
+        now=now,
+        tick=9,
+        fleet_id="f",
+        pools=(
+            PoolView(pool=od, price=PriceQuote(pool="od", price_per_hour=24.0, as_of=now)),
+            PoolView(
+                pool=spot, price=PriceQuote(pool="spot", price_per_hour=spot_price, as_of=now)
+            ),
+        ),
+        instances=nodes,
+    )
+
+
+def test_an_on_demand_gang_is_given_back_whole_once_a_spot_gang_hosts_it_for_much_less() -> None:
+    plan = CostAwarePolicy().decide(_od_gang_view(spot_price=7.0))
+    assert sorted((d.instance_id, d.move_jobs) for d in plan.drains) == [
+        ("od-0", True),
+        ("od-1", True),
+    ]
+    assert "on-demand gang of 2" in plan.drains[0].reason
+
+
+def test_an_on_demand_gang_stays_unless_it_is_seen_whole_alone_and_much_dearer() -> None:
+    assert not CostAwarePolicy().decide(_od_gang_view(spot_price=14.0)).drains, (
+        "spot at more than half the price is not worth restarting a gang for"
+    )
+    assert not CostAwarePolicy().decide(_od_gang_view(spot_price=7.0, spans=3)).drains, (
+        "a member elsewhere (on spot, or unseen) would be left behind"
+    )
+    assert not CostAwarePolicy().decide(_od_gang_view(spot_price=7.0, shared=True)).drains, (
+        "nodes that also hold other jobs are not freed by moving the gang"
+    )
+    off = CostAwarePolicy(CostAwareParams(replace_on_demand=False))
+    assert not off.decide(_od_gang_view(spot_price=7.0)).drains
+
+
 def test_a_noticed_node_is_replaced_job_by_job_not_as_one_job_of_all_its_gpus() -> None:
     now = 100_000.0
     eight = Pool(

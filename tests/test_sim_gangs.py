@@ -24,9 +24,9 @@ from autoscaler.model import (
     PriceQuote,
 )
 from autoscaler.sim import replay
-from autoscaler.sim.engine import prepare
+from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.hostable import check_hostable
-from autoscaler.sim.scenario import load_scenario
+from autoscaler.sim.scenario import PolicySpec, load_scenario
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.trace import TraceJob
 from policies.cost_aware import CostAwarePolicy
@@ -203,3 +203,27 @@ def test_validate_names_jobs_no_configured_capacity_can_host(
     # the small scenario's pools name no GPU model: each is warned of, then the one error
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "warning" not in line]
     assert len(err) == 1 and "1 job(s)" in err[0] and "h100" in err[0]
+
+
+def test_the_view_names_the_gang_on_each_of_its_nodes(tmp_path: Path) -> None:
+    # A 16-GPU job that cannot checkpoint runs on two on-demand 8-GPU nodes (spot exists, so
+    # what runs on on-demand nodes is read every tick: a policy may replace them by spot).
+    shape = (
+        "provider: aws, region: r1, instance_type: small, gpus_per_instance: 8, boot_seconds: 60"
+    )
+    pools = f"- {{name: spot, market: spot, {shape}}}\n- {{name: od, market: on-demand, {shape}}}\n"
+    row = "big,0,0,7200,16,1.0,4,Succeeded,0,,LS,0,,none,"
+    path = small_scenario(tmp_path, jobs=[row], pools=pools)
+    seen: set[tuple[str, str, tuple[tuple[str, int], ...] | None]] = set()
+
+    def on_tick(tick: TickSeen) -> None:
+        for node in tick.report.view.instances:
+            if node.state is InstanceState.RUNNING and node.gpus_allocated:
+                seen.add((node.instance_id, node.pool, node.gang_jobs))
+
+    simulate(prepare(load_scenario(path)), PolicySpec(name="cost-aware"), on_tick=on_tick)
+    assert len(seen) == 2, "both members, each seen the same way every tick"
+    assert {pool for _, pool, _ in seen} == {"od"}
+    assert len({gangs for _, _, gangs in seen}) == 1
+    ((job, spans),) = next(iter(seen))[2] or ()
+    assert spans == 2

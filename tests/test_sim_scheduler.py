@@ -311,3 +311,18 @@ def test_a_checkpoint_still_being_written_when_the_node_goes_is_not_kept() -> No
     ((_, run_id, asked_at, _),) = asked
     s.checkpointed(job, run_id, asked_at, 720.0)
     assert job.progress == 600.0 and math.isclose(job.lost_gpu_s, 70.0)
+
+
+def test_a_gang_runs_within_one_locality_never_across_clouds_or_regions() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("aws-1", 8, Capacity.SPOT, "aws-pool", 0.0, locality="aws:us-west-2")
+    s.add_node("gcp-1", 8, Capacity.SPOT, "gcp-pool", 0.0, locality="gcp:us-central1")
+    gang = s.submit(TraceJob("gang", 0.0, 100.0, 16, 1.0, 600.0, 0.0, False, nodes=2), 0.0)
+    s.schedule(0.0)
+    assert gang.run_start is None, "two free nodes, but in two clouds: no one job spans them"
+    s.add_node("aws-2", 8, Capacity.SPOT, "aws-pool", 10.0, locality="aws:us-west-2")
+    s.schedule(10.0)
+    assert gang.run_start == 10.0
+    assert sorted(n.name for n in gang.members) == ["aws-1", "aws-2"]
+    assert [s.nodes[n].free for n in ("aws-1", "aws-2", "gcp-1")] == [0, 0, 8]

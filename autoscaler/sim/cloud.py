@@ -193,6 +193,7 @@ class SimCloud:
             now,
             instance.pool.gpu_model,
             instance.pool.gpu_memory_gib,
+            locality=f"{instance.pool.provider}:{instance.pool.region}",
         )
         if instance.noticed_at is not None:
             self.scheduler.drain(instance.id, "interruption notice before boot finished")

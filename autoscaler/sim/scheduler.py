@@ -82,6 +82,10 @@ class SimNode:
     gpu_model: str | None = None
     gpu_memory_gib: float | None = None
     version: int = 0
+    # Where the node's network is: the nodes of one multi-node job must share it. One for all
+    # on-prem nodes; a cloud's region for its instances (a job spanning clouds or regions
+    # cannot run as one, whatever placed its nodes).
+    locality: str = "onprem"
 
 
 @dataclass
@@ -165,6 +169,7 @@ class SimScheduler:
         now: float,
         gpu_model: str | None = None,
         gpu_memory_gib: float | None = None,
+        locality: str = "onprem",
     ) -> SimNode:
         node = SimNode(
             name,
@@ -177,6 +182,7 @@ class SimScheduler:
             empty_since=now,
             gpu_model=gpu_model,
             gpu_memory_gib=gpu_memory_gib,
+            locality=locality,
         )
         self.nodes[name] = node
         self._index_add(node)
@@ -563,16 +569,17 @@ class SimScheduler:
         return None
 
     def _tightest_many(self, kind: Capacity, shape: NodeShape, count: int) -> list[SimNode] | None:
-        """``count`` distinct nodes of this kind that each hold one node of ``shape``, the
-        tightest first; None when there are not that many."""
+        """``count`` distinct nodes of this kind and of one locality that each hold one node of
+        ``shape``, the tightest first; None when no locality has that many."""
         by_free = self._index[kind]
-        chosen: list[SimNode] = []
+        chosen: dict[str, list[SimNode]] = {}
         for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
             for node in by_free[free].values():
                 if shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
-                    chosen.append(node)
-                    if len(chosen) == count:
-                        return chosen
+                    together = chosen.setdefault(node.locality, [])
+                    together.append(node)
+                    if len(together) == count:
+                        return together
         return None
 
     def _start(self, job: SimJob, nodes: list[SimNode], now: float, extra_s: float = 0.0) -> None:
