@@ -7,6 +7,10 @@ the ticks are doing (a slow cloud call must not let the lease run out under a he
 loop ticks only while the lock is held, and each tick acts under the fencing token it started
 with, so a tick that finds the lock lost or changed hands stops acting at once. A paused process
 pauses its keeper too, which is what lets a standby take over.
+
+Background services and providers wake the loop through ``autoscaler.wakeups.Wakeups``: a new
+notice for an instance the table holds wakes it at once; notices for other instances, repeats
+and checkpoint reports are rate-limited, so no sender can drive ticks by posting.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from autoscaler.leader import LeaderLock, LeadershipLost, SoleReplica
 from autoscaler.logs import fields
 from autoscaler.metrics import Metrics
 from autoscaler.provider import Provider
+from autoscaler.wakeups import TallyCollector, Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,7 @@ class Runner:
         self.metrics: Metrics | None = controller.metrics
         self.stopping = threading.Event()
         self._wake = threading.Event()
+        self.wakeups = Wakeups(self._wake.set, owns=self._owns)
         self._state = threading.Lock()
         self._token: int | None = None
         self._acting = False
@@ -80,13 +86,14 @@ class Runner:
         done = 0
         started_background: list[Background] = []
         keeper = threading.Thread(target=self._keep_lease, name="leader-lease", daemon=True)
+        self._count_inputs()
         try:
             for provider in self.providers.values():
                 start = getattr(provider, "start", None)
                 if callable(start):
-                    start(self._wake.set)
+                    start(self.wakeups)
             for service in self.background:
-                service.start(self._wake.set)
+                service.start(self.wakeups)
                 started_background.append(service)
             self._lead()
             keeper.start()
@@ -100,6 +107,7 @@ class Runner:
                     self._take_over(token)
                 started = time.monotonic()
                 self._wake.clear()
+                self.wakeups.ticking()
                 self._tick()
                 done += 1
                 if max_ticks is not None and done >= max_ticks:
@@ -122,6 +130,19 @@ class Runner:
                     close()
         log.info("controller stopped after %d tick(s)", done)
         return 0
+
+    def _owns(self, instance_id: str) -> bool:
+        """Read from the inbox's threads: one dict lookup in the tick's table."""
+        return self.controller.table.get(instance_id) is not None
+
+    def _count_inputs(self) -> None:
+        """The notice boundaries' counts on the controller's registry (once per registry)."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.registry.register(TallyCollector(self.wakeups.tally))
+        except ValueError:
+            log.debug("the boundary counts are already on this registry")
 
     def _keep_lease(self) -> None:
         while not self.stopping.wait(self.renew_every_s):
