@@ -3,25 +3,39 @@ Health events, and hands the controller one notice per instance and event kind.
 
 A message is deleted only once the tick that read its notices has handled them (``acknowledge``),
 so a crash mid-tick loses nothing; duplicates (EventBridge delivers at least once) and messages
-that ask nothing of us are deleted at once; a malformed message is logged, counted and deleted,
-and never stops the watcher.
+that ask nothing of us are deleted at once.
+
+Each message of a batch is read and acted on by itself: a malformed one (or one whose handling
+fails) is counted (``malformed``, and ``gpu_autoscaler_boundary_inputs_total{boundary=
+"aws-queue", outcome="malformed"}``), logged once with its message id, and left in the queue,
+so that its redrive policy moves it to the dead-letter queue for someone to look at; the good
+messages of the same batch are handled in the same receive. A new notice for an instance the
+controller owns wakes the run loop at once; others are rate-limited (``autoscaler.wakeups``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoscaler.clock import Clock
 from autoscaler.errors import describe
 from autoscaler.model import InterruptionNotice, NoticeKind
+from autoscaler.wakeups import Wakeups
 from providers.aws_events import MalformedEventError, parse_event
 
 log = logging.getLogger(__name__)
 
 NoticeKey = tuple[str, NoticeKind]
+BOUNDARY = "aws-queue"
+# Malformed message ids remembered so that a redelivery is neither logged nor counted again.
+REMEMBER_MALFORMED = 10_000
+MAX_ID_CHARS = 128
+# Notices remembered for deduplication, oldest first (a Health event names up to 1000 instances).
+MAX_SEEN = 100_000
 
 
 class NoticeWatcher:
@@ -47,14 +61,15 @@ class NoticeWatcher:
         self._ready: list[InterruptionNotice] = []
         self._receipts: dict[InterruptionNotice, str] = {}
         self._open: dict[str, int] = {}
-        self._seen: dict[NoticeKey, float] = {}
+        self._seen: OrderedDict[NoticeKey, float] = OrderedDict()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wakeup: Callable[[], None] | None = None
+        self.wakeups = Wakeups()
+        self._bad_ids: OrderedDict[str, None] = OrderedDict()
 
     def start(self, wakeup: Callable[[], None] | None = None) -> None:
         if wakeup is not None:
-            self._wakeup = wakeup
+            self.wakeups = Wakeups.of(wakeup)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="aws-notices", daemon=True)
             self._thread.start()
@@ -64,6 +79,11 @@ class NoticeWatcher:
         if self._thread is not None:
             self._thread.join(timeout=self.wait_s + 5)
             self._thread = None
+
+    def notices_ready(self) -> int:
+        """How many notices wait for the next tick."""
+        with self._lock:
+            return len(self._ready)
 
     def take(self) -> list[InterruptionNotice]:
         with self._lock:
@@ -91,8 +111,13 @@ class NoticeWatcher:
             WaitTimeSeconds=self.wait_s,
         )
         messages = response.get("Messages", [])
+        if not isinstance(messages, list):
+            raise MalformedEventError("the receive answer's Messages is not a list")
         for message in messages:
-            self._handle(message)
+            try:
+                self._handle(message)
+            except Exception as exc:  # one message's failure never takes the batch down
+                self._malformed(message, f"could not be handled: {describe(exc)}")
         return len(messages)
 
     def _run(self) -> None:
@@ -107,28 +132,47 @@ class NoticeWatcher:
                 self._stop.wait(pause)
                 pause = min(pause * 2, 30.0)
 
+    def _malformed(self, message: object, reason: str) -> None:
+        """Count and log it once by id; leave it to the queue's redrive (never deleted unseen)."""
+        raw = message.get("MessageId") if isinstance(message, dict) else None
+        message_id = raw[:MAX_ID_CHARS] if isinstance(raw, str) and raw.isprintable() else "?"
+        with self._lock:
+            if message_id != "?" and message_id in self._bad_ids:
+                self._bad_ids.move_to_end(message_id)
+                return
+            self._bad_ids[message_id] = None
+            while len(self._bad_ids) > REMEMBER_MALFORMED:
+                self._bad_ids.popitem(last=False)
+            self.malformed += 1
+        self.wakeups.tally.add(BOUNDARY, "malformed")
+        log.warning(
+            "interruption queue: message %s is malformed (%s); left for the queue's redrive",
+            message_id,
+            reason,
+        )
+
     def _handle(self, message: dict[str, Any]) -> None:
         receipt = message.get("ReceiptHandle", "")
+        body = message.get("Body", "")
+        if not isinstance(receipt, str) or not isinstance(body, str):
+            self._malformed(message, "no body or receipt handle")
+            return
+        now = self.clock.now()
         try:
-            event = parse_event(message.get("Body", ""))
+            event = parse_event(body, now)
         except MalformedEventError as exc:
-            self.malformed += 1
-            log.warning(
-                "interruption queue: dropped malformed message %s: %s",
-                message.get("MessageId", "?"),
-                exc,
-            )
-            self._delete(receipt)
+            self._malformed(message, str(exc))
             return
         if event is None:
             self._delete(receipt)
             return
-        now = self.clock.now()
         fresh: list[InterruptionNotice] = []
         with self._lock:
-            for key, seen_at in list(self._seen.items()):
-                if now - seen_at > self.dedup_window_s:
-                    del self._seen[key]
+            while self._seen:
+                key, seen_at = next(iter(self._seen.items()))
+                if now - seen_at <= self.dedup_window_s and len(self._seen) < MAX_SEEN:
+                    break
+                del self._seen[key]
             for instance in event.instance_ids:
                 key = (instance, event.kind)
                 if key in self._seen:
@@ -149,10 +193,11 @@ class NoticeWatcher:
                 for notice in fresh:
                     self._receipts[notice] = receipt
                 self._ready.extend(fresh)
+        self.wakeups.tally.add(BOUNDARY, "notice", len(fresh))
         if not fresh:
             self._delete(receipt)
-        elif self._wakeup is not None:
-            self._wakeup()
+        for notice in fresh:
+            self.wakeups.notice(notice.instance_id, notice.kind)
 
     def _delete(self, receipt: str) -> None:
         if not receipt:
