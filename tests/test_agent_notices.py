@@ -101,7 +101,7 @@ def test_an_aws_spot_interruption_reaches_the_controller_once_with_its_deadline(
     assert wait_until(lambda: len(aws_imds.requests) > polls + 10)
     assert len(controller_inbox.wait_for(2, timeout_s=0.2)) == 1, "forwarded once"
 
-    aws_imds.rebalance = {"noticeTime": "2026-11-21T08:00:00Z"}
+    aws_imds.rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     notices = controller_inbox.wait_for(2)
     assert notices[1].kind is NoticeKind.REBALANCE
     assert notices[1].deadline is None
@@ -131,7 +131,9 @@ def test_each_distinct_aws_instance_action_is_handled_exactly_once(
         handled.append(notice.event_key)
         return True
 
-    watcher = aws_watcher(aws_imds, handle, NoticeMetrics())
+    watcher = AwsWatcher(
+        aws_imds.url, handle, NoticeMetrics(), poll_s=0.05, timeout_s=0.5, clock=lambda: 1.7e9
+    )
     expected: list[str] = []
     for document in documents:
         aws_imds.instance_action = None
@@ -396,7 +398,11 @@ def test_notices_go_over_tls_to_a_controller_with_a_private_ca(tmp_path: Path) -
     try:
         url = f"https://127.0.0.1:{server.port}"
         notice = AgentNotice(
-            instance_id="i-tls", kind=NoticeKind.TERMINATE, deadline=1.0, source="t", event_key="k"
+            instance_id="i-tls",
+            kind=NoticeKind.TERMINATE,
+            deadline=time.time() + 120,
+            source="t",
+            event_key="k",
         )
         trusted = Forwarder(url, "tls-token", NoticeMetrics(), ca_file=cert, give_up_s=1.0)
         assert trusted.send(notice) is Delivery.DELIVERED

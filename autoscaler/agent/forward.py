@@ -2,8 +2,10 @@
 
 Retries are short and bounded (tenacity): GCP and Azure give about 30 s, so a notice the
 controller cannot take within ``give_up_s`` is reported and dropped rather than retried past the
-point where it could still help. A 401 is never retried: the token is wrong, and hammering the
-controller would not fix it. The token never appears in a log line or an error message.
+point where it could still help. A 401, or any other 4xx but a timeout or too-many-requests, is
+never retried: the token or the request is wrong, and hammering the controller would not fix it
+(5xx, such as the inbox's 503 when too many notices wait, is retried). The token never appears
+in a log line or an error message.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from autoscaler.logs import register_secret
 
 log = logging.getLogger(__name__)
 INBOX_PATH = "/v1/notices"
+# The 4xx answers a retry may fix: the request was too slow (408) or too early (425, 429).
+RETRIED_4XX = (408, 425, 429)
 
 
 class Delivery(StrEnum):
@@ -160,9 +164,10 @@ class Forwarder:
                     f"the controller refused the token (HTTP 401 from {self.url}); "
                     "check --token-file / --token-env against the controller's inbox token",
                 ) from None
-            if exc.code in (400, 404, 413):
+            if 400 <= exc.code < 500 and exc.code not in RETRIED_4XX:
                 raise _RefusedError(
-                    "rejected", f"the controller rejected the notice (HTTP {exc.code}: {detail})"
+                    "rejected",
+                    f"the controller rejected the notice (HTTP {exc.code}: {_one_line(detail)})",
                 ) from None
             raise _TransientError(f"HTTP {exc.code} from {self.url}") from None
         except ssl.SSLError as exc:
@@ -176,3 +181,9 @@ class Forwarder:
                     "tls", f"TLS to the controller failed ({reason.reason})"
                 ) from None
             raise _TransientError(f"{self.url}: {reason or type(exc).__name__}") from None
+
+
+def _one_line(text: str) -> str:
+    """An answer's body quoted in a log line: its first line, bounded."""
+    stripped = text.strip()
+    return (stripped.splitlines()[0] if stripped else "")[:200]

@@ -3,6 +3,9 @@ a timeout that turns every failure into a one-line ``SourceError``, the agent's 
 the poll-with-backoff loop, and finding out which cloud this node runs in.
 
 Metadata servers are link-local, so requests never go through a proxy from the environment.
+Their answers are read like any other outside input (``autoscaler.notice_rules``): at most
+``MAX_ANSWER`` bytes, instance names bounded, deadlines a clock can reach; each endpoint and each
+event is read by itself, so one bad answer never hides a good notice beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
@@ -22,11 +24,14 @@ from pydantic import BaseModel, ConfigDict
 
 from autoscaler.errors import describe
 from autoscaler.model import NoticeKind
+from autoscaler.notice_rules import deadline_problem, id_problem, parse_time
 from autoscaler.sources import SourceError
 
 log = logging.getLogger(__name__)
 
 CLOUDS = ("aws", "gcp", "azure")
+# A metadata document is a few hundred bytes; anything this large is not one.
+MAX_ANSWER = 64 * 1024
 
 
 class AgentNotice(BaseModel):
@@ -114,10 +119,12 @@ def call(
     request = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
     try:
         with _OPENER.open(request, timeout=timeout_s) as response:
-            return Answer(response.status, dict(response.headers.items()), response.read())
+            data = response.read(MAX_ANSWER + 1)
+            status, answered = response.status, dict(response.headers.items())
     except urllib.error.HTTPError as exc:
         with exc:
-            return Answer(exc.code, dict(exc.headers.items()), exc.read())
+            data = exc.read(MAX_ANSWER + 1)
+            status, answered = exc.code, dict(exc.headers.items())
     except TimeoutError:
         raise SourceError(f"{what}: no answer within {timeout_s:g} s") from None
     except http.client.HTTPException as exc:
@@ -127,18 +134,35 @@ def call(
         if isinstance(reason, TimeoutError):
             raise SourceError(f"{what}: no answer within {timeout_s:g} s") from None
         raise SourceError(f"{what}: cannot connect ({reason})") from None
+    if len(data) > MAX_ANSWER:
+        raise SourceError(f"{what}: the answer is over {MAX_ANSWER} bytes")
+    return Answer(status, answered, data)
 
 
 def parse_iso_time(what: str, value: object) -> float:
-    if not isinstance(value, str):
-        raise SourceError(f"{what}: time {value!r} is not a string")
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise SourceError(f"{what}: time {value!r} is not an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        raise SourceError(f"{what}: time {value!r} has no time zone")
-    return moment.timestamp()
+        return parse_time(value)
+    except ValueError as exc:
+        raise SourceError(f"{what}: time {exc}") from None
+
+
+def reachable(what: str, deadline: float, now: float) -> float:
+    """``deadline`` when a clock can reach it, else one line saying why not."""
+    problem = deadline_problem(deadline, now)
+    if problem is not None:
+        raise SourceError(f"{what}: the time {problem}")
+    return deadline
+
+
+def instance_name(what: str, answer: Answer) -> str:
+    """The node's name from a metadata answer, bounded and printable."""
+    if answer.status != 200:
+        raise SourceError(f"{what} answered HTTP {answer.status}, not an instance name")
+    name = answer.text()
+    problem = id_problem(name)
+    if problem is not None:
+        raise SourceError(f"{what}: the instance name {problem}")
+    return name
 
 
 class PollLoop:

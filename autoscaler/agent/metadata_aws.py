@@ -3,6 +3,9 @@
 AWS gives two minutes between the instance-action appearing and the instance going, and
 suggests polling every 5 s. Reads carry an IMDSv2 session token, refreshed a minute before it
 expires and at once when IMDS answers 401 (the token was revoked or the clock jumped).
+
+The two documents are read each by itself: a broken rebalance answer never hides an
+instance-action beside it (the failure is still counted and logged by the poll loop).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from autoscaler.agent.metadata import (
     NoticeMetrics,
     PollLoop,
     call,
+    instance_name,
     parse_iso_time,
+    reachable,
 )
 from autoscaler.model import NoticeKind
 from autoscaler.sources import SourceError
@@ -31,6 +36,49 @@ INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_REFRESH_MARGIN_S = 60.0
+ACTIONS = ("terminate", "stop", "hibernate")
+
+
+def parse_document(path: str, body: bytes) -> dict[str, object]:
+    """An IMDS JSON document (the parser bounds its nesting); one line when it is not one."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        raise SourceError(f"aws metadata: {path} answered something that is not JSON") from None
+    if not isinstance(document, dict):
+        raise SourceError(f"aws metadata: {path} answered JSON that is not an object")
+    return document
+
+
+def instance_action(document: dict[str, object], instance_id: str, now: float) -> AgentNotice:
+    """``{"action": "terminate", "time": "2026-11-21T10:02:00Z"}``: the instance goes then."""
+    what = f"aws metadata: {INSTANCE_ACTION_PATH}"
+    name, at = document.get("action"), document.get("time")
+    if not isinstance(name, str) or name not in ACTIONS:
+        shown = repr(name)[:40]
+        raise SourceError(f"{what} has action {shown}, expected terminate, stop or hibernate")
+    deadline = reachable(what, parse_iso_time(what, at), now)
+    return AgentNotice(
+        instance_id=instance_id,
+        kind=NoticeKind.TERMINATE,
+        deadline=deadline,
+        source=SOURCE,
+        event_key=f"instance-action:{name}:{at}",
+    )
+
+
+def rebalance(document: dict[str, object], instance_id: str, now: float) -> AgentNotice:
+    """``{"noticeTime": "..."}``: elevated risk, no deadline; the time names the event."""
+    what = f"aws metadata: {REBALANCE_PATH}"
+    noticed = document.get("noticeTime")
+    reachable(what, parse_iso_time(what, noticed), now)
+    return AgentNotice(
+        instance_id=instance_id,
+        kind=NoticeKind.REBALANCE,
+        deadline=None,
+        source=SOURCE,
+        event_key=f"rebalance:{noticed}",
+    )
 
 
 def probe(base_url: str, timeout_s: float) -> bool:
@@ -61,6 +109,7 @@ class AwsWatcher:
         max_backoff_s: float = 30.0,
         token_ttl_s: int = 21600,
         monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.handle = handle
@@ -69,6 +118,7 @@ class AwsWatcher:
         self.token_ttl_s = token_ttl_s
         self.loop = PollLoop(self.cloud, metrics, poll_s, max_backoff_s)
         self._monotonic = monotonic
+        self.clock = clock
         self._token: str | None = None
         self._token_expires = 0.0
         self._seen = Deduplicator()
@@ -76,58 +126,41 @@ class AwsWatcher:
 
     def instance_name(self) -> str:
         if self._instance_id is None:
-            answer = self._get(INSTANCE_ID_PATH)
-            if answer.status != 200 or not answer.text():
-                raise SourceError(
-                    f"aws metadata: {INSTANCE_ID_PATH} answered {answer.status}, not an instance id"
-                )
-            self._instance_id = answer.text()
+            what = f"aws metadata: {INSTANCE_ID_PATH}"
+            self._instance_id = instance_name(what, self._get(INSTANCE_ID_PATH))
         return self._instance_id
 
     def run(self, stop: threading.Event) -> None:
         self.loop.run(self.poll, stop)
 
     def poll(self) -> None:
-        """One read of both endpoints; each new notice goes to the handler."""
-        for notice in self.read():
+        """One read of both endpoints; each new notice goes to the handler, then the first
+        failure (if any) is raised for the loop to count."""
+        notices, failures = self._read_each()
+        for notice in notices:
             if self._seen.first_time(notice.event_key):
                 self.metrics.notices.labels(cloud=self.cloud, kind=notice.kind.value).inc()
                 self.handle(notice)
+        if failures:
+            raise failures[0]
 
     def read(self) -> list[AgentNotice]:
-        notices: list[AgentNotice] = []
-        action = self._read_json(INSTANCE_ACTION_PATH)
-        if action is not None:
-            name, at = action.get("action"), action.get("time")
-            if name not in ("terminate", "stop", "hibernate"):
-                raise SourceError(
-                    f"aws metadata: {INSTANCE_ACTION_PATH} has action {name!r}, "
-                    "expected terminate, stop or hibernate"
-                )
-            deadline = parse_iso_time(f"aws metadata: {INSTANCE_ACTION_PATH}", at)
-            notices.append(
-                AgentNotice(
-                    instance_id=self.instance_name(),
-                    kind=NoticeKind.TERMINATE,
-                    deadline=deadline,
-                    source=SOURCE,
-                    event_key=f"instance-action:{name}:{at}",
-                )
-            )
-        rebalance = self._read_json(REBALANCE_PATH)
-        if rebalance is not None:
-            noticed = rebalance.get("noticeTime")
-            parse_iso_time(f"aws metadata: {REBALANCE_PATH}", noticed)
-            notices.append(
-                AgentNotice(
-                    instance_id=self.instance_name(),
-                    kind=NoticeKind.REBALANCE,
-                    deadline=None,
-                    source=SOURCE,
-                    event_key=f"rebalance:{noticed}",
-                )
-            )
+        notices, failures = self._read_each()
+        if failures:
+            raise failures[0]
         return notices
+
+    def _read_each(self) -> tuple[list[AgentNotice], list[SourceError]]:
+        notices: list[AgentNotice] = []
+        failures: list[SourceError] = []
+        for path, read in ((INSTANCE_ACTION_PATH, instance_action), (REBALANCE_PATH, rebalance)):
+            try:
+                document = self._read_json(path)
+                if document is not None:
+                    notices.append(read(document, self.instance_name(), self.clock()))
+            except SourceError as exc:
+                failures.append(exc)
+        return notices, failures
 
     def _read_json(self, path: str) -> dict[str, object] | None:
         """The document at ``path``, or None where IMDS says there is none (404)."""
@@ -136,13 +169,7 @@ class AwsWatcher:
             return None
         if answer.status != 200:
             raise SourceError(f"aws metadata: {path} answered HTTP {answer.status}")
-        try:
-            document = json.loads(answer.body)
-        except ValueError:
-            raise SourceError(f"aws metadata: {path} answered something that is not JSON") from None
-        if not isinstance(document, dict):
-            raise SourceError(f"aws metadata: {path} answered JSON that is not an object")
-        return document
+        return parse_document(path, answer.body)
 
     def _get(self, path: str) -> Answer:
         answer = self._get_with_token(path, self._session_token())

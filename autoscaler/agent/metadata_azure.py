@@ -5,16 +5,23 @@ Acknowledging an event (``StartRequests``) tells Azure the VM is ready, so it ma
 ``NotBefore``: the watcher acknowledges only once the notice was delivered to the controller and
 the local hook returned (a hook that waits for a checkpoint thus holds the acknowledgement), or
 never, when the ack policy is ``never``.
+
+The document is read strictly and each event by itself: an event that is not a ``Preempt``
+scheduled for this VM with a ``NotBefore`` a clock can reach never becomes a notice, and a
+malformed event is counted and logged without hiding the good ones beside it.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from autoscaler.agent.metadata import (
     AgentNotice,
@@ -23,14 +30,21 @@ from autoscaler.agent.metadata import (
     NoticeMetrics,
     PollLoop,
     call,
+    instance_name,
+    reachable,
 )
 from autoscaler.model import NoticeKind
+from autoscaler.notice_rules import ID_MAX_CHARS, ID_PATTERN, TIME_MAX_CHARS
 from autoscaler.sources import SourceError
 
 SOURCE = "azure-scheduled-events"
 EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 HEADERS = {"Metadata": "true"}
+WHAT = "azure scheduled events"
+MAX_EVENTS = 1000
+
+Bounded = Annotated[str, StringConstraints(max_length=ID_MAX_CHARS)]
 
 
 class AzureAck(StrEnum):
@@ -39,20 +53,22 @@ class AzureAck(StrEnum):
 
 
 class ScheduledEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
-    event_id: str = Field(alias="EventId", min_length=1)
-    event_type: str = Field(alias="EventType")
-    resources: list[str] = Field(alias="Resources")
-    event_status: str = Field(alias="EventStatus")
-    not_before: str = Field(default="", alias="NotBefore")
+    event_id: str = Field(alias="EventId", min_length=1, max_length=128, pattern=ID_PATTERN)
+    event_type: str = Field(alias="EventType", max_length=64)
+    resources: list[Bounded] = Field(alias="Resources", max_length=MAX_EVENTS)
+    event_status: str = Field(alias="EventStatus", max_length=64)
+    not_before: str = Field(default="", alias="NotBefore", max_length=TIME_MAX_CHARS)
 
 
 class ScheduledEvents(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """The document; its events are read one by one (``preempts``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
     incarnation: int = Field(alias="DocumentIncarnation")
-    events: list[ScheduledEvent] = Field(alias="Events")
+    events: list[Any] = Field(alias="Events", max_length=MAX_EVENTS)
 
 
 def probe(base_url: str, timeout_s: float) -> bool:
@@ -67,12 +83,61 @@ def parse_not_before(event: ScheduledEvent) -> float | None:
     if not event.not_before:
         return None
     try:
-        return parsedate_to_datetime(event.not_before).timestamp()
-    except (TypeError, ValueError):
+        moment = parsedate_to_datetime(event.not_before)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        moment = None
+    if moment is None or moment.tzinfo is None:
         raise SourceError(
-            f"azure scheduled events: event {event.event_id} has NotBefore "
+            f"{WHAT}: event {event.event_id} has NotBefore "
             f"{event.not_before!r}, not an RFC 1123 time"
-        ) from None
+        )
+    return moment.timestamp()
+
+
+def parse_document(body: bytes) -> ScheduledEvents:
+    try:
+        return ScheduledEvents.model_validate_json(body)
+    except ValidationError as exc:
+        raise SourceError(f"{WHAT}: {_first(exc, 'body')}") from None
+
+
+def preempts(
+    document: ScheduledEvents, name: str, now: float
+) -> tuple[list[tuple[str, float]], list[str]]:
+    """(event id, deadline) of each ``Preempt`` scheduled for ``name``, and one line for each
+    event that could not be read. Other event types, other VMs' events and events already
+    started are not notices."""
+    found: list[tuple[str, float]] = []
+    problems: list[str] = []
+    for index, raw in enumerate(document.events):
+        kind = raw.get("EventType") if isinstance(raw, dict) else None
+        if kind != "Preempt":
+            if not isinstance(kind, str):
+                problems.append(f"{WHAT}: Events.{index} has no EventType")
+            continue
+        try:
+            event = ScheduledEvent.model_validate(raw)
+        except ValidationError as exc:
+            problems.append(f"{WHAT}: Events.{index}.{_first(exc, 'event')}")
+            continue
+        if name not in event.resources or event.event_status != "Scheduled":
+            continue
+        try:
+            deadline = parse_not_before(event)
+            if deadline is None:
+                raise SourceError(f"{WHAT}: event {event.event_id} is scheduled without NotBefore")
+            found.append(
+                (event.event_id, reachable(f"{WHAT}: event {event.event_id}", deadline, now))
+            )
+        except SourceError as exc:
+            problems.append(str(exc))
+    return found, problems
+
+
+def _first(exc: ValidationError, default: str) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or default
+    return f"{where}: {first['msg']}"
 
 
 class AzureWatcher:
@@ -87,8 +152,10 @@ class AzureWatcher:
         poll_s: float = 1.0,
         timeout_s: float = 2.0,
         max_backoff_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.clock = clock
         self.handle = handle
         self.metrics = metrics
         self.ack = ack
@@ -99,30 +166,21 @@ class AzureWatcher:
 
     def instance_name(self) -> str:
         if self._name is None:
-            answer = call(
-                "azure metadata: compute name",
-                "GET",
-                self.base_url + NAME_PATH,
-                HEADERS,
-                self.timeout_s,
-            )
-            if answer.status != 200 or not answer.text():
-                raise SourceError(f"azure metadata: compute name answered HTTP {answer.status}")
-            self._name = answer.text()
+            what = "azure metadata: compute name"
+            answer = call(what, "GET", self.base_url + NAME_PATH, HEADERS, self.timeout_s)
+            self._name = instance_name(what, answer)
         return self._name
 
     def run(self, stop: threading.Event) -> None:
         self.loop.run(self.poll, stop)
 
     def poll(self) -> None:
+        """Each new Preempt for this VM goes to the handler (and is acknowledged once
+        delivered); then the first unreadable event, if any, is raised for the loop to count."""
         name = self.instance_name()
-        for event in self.read().events:
-            if event.event_type != "Preempt" or name not in event.resources:
-                continue
-            if event.event_status != "Scheduled":
-                continue
-            deadline = parse_not_before(event)
-            if not self._seen.first_time(event.event_id):
+        found, problems = preempts(self.read(), name, self.clock())
+        for event_id, deadline in found:
+            if not self._seen.first_time(event_id):
                 continue
             self.metrics.notices.labels(cloud=self.cloud, kind=NoticeKind.TERMINATE.value).inc()
             delivered = self.handle(
@@ -131,23 +189,20 @@ class AzureWatcher:
                     kind=NoticeKind.TERMINATE,
                     deadline=deadline,
                     source=SOURCE,
-                    event_key=event.event_id,
+                    event_key=event_id,
                 )
             )
             if delivered and self.ack is AzureAck.AFTER_HOOKS:
-                self.acknowledge(event.event_id)
+                self.acknowledge(event_id)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise SourceError(problems[0] + more)
 
     def read(self) -> ScheduledEvents:
-        what = "azure scheduled events"
-        answer = call(what, "GET", self.base_url + EVENTS_PATH, HEADERS, self.timeout_s)
+        answer = call(WHAT, "GET", self.base_url + EVENTS_PATH, HEADERS, self.timeout_s)
         if answer.status != 200:
-            raise SourceError(f"{what}: answered HTTP {answer.status}")
-        try:
-            return ScheduledEvents.model_validate_json(answer.body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "body"
-            raise SourceError(f"{what}: {where}: {first['msg']}") from None
+            raise SourceError(f"{WHAT}: answered HTTP {answer.status}")
+        return parse_document(answer.body)
 
     def acknowledge(self, event_id: str) -> None:
         """A failed acknowledgement is only logged by the loop: Azure goes ahead at NotBefore."""

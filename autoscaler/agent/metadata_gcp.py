@@ -6,10 +6,15 @@ the watcher keeps a hanging GET open (``wait_for_change`` with the last ``ETag``
 migrate: ``instance/maintenance-event`` reading ``TERMINATE_ON_HOST_MAINTENANCE`` means the host
 will stop the VM, which the controller hears as a rebalance (the node should be drained, but
 there is no exact deadline).
+
+Answers are read strictly: the instance name is bounded (``autoscaler.notice_rules``), an ETag is
+a short token (it goes back into the next URL), and a value other than the documented ones is
+one error line, quoted short.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +27,7 @@ from autoscaler.agent.metadata import (
     NoticeMetrics,
     PollLoop,
     call,
+    instance_name,
 )
 from autoscaler.model import NoticeKind
 from autoscaler.sources import SourceError
@@ -30,6 +36,7 @@ SOURCE = "gcp-metadata"
 PREFIX = "/computeMetadata/v1/"
 HEADERS = {"Metadata-Flavor": "Google"}
 PREEMPTION_WINDOW_S = 30.0
+_ETAG = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 def probe(base_url: str, timeout_s: float) -> bool:
@@ -64,7 +71,10 @@ class _Key:
             query = f"?wait_for_change=true&last_etag={self.etag}&timeout_sec={int(wait_s)}"
         answer = self.watcher.get(self.key + query, self.watcher.timeout_s + wait_s)
         value = answer.text()
-        self.etag = answer.headers.get("ETag") or self.etag
+        etag = answer.headers.get("ETag")
+        if etag is not None and not _ETAG.match(etag):
+            raise SourceError(f"gcp metadata: {self.key} answered an ETag that is not a token")
+        self.etag = etag or self.etag
         self.on_value(value, self.etag or "")
 
 
@@ -95,10 +105,8 @@ class GcpWatcher:
 
     def instance_name(self) -> str:
         if self._name is None:
-            name = self.get("instance/name", self.timeout_s).text()
-            if not name:
-                raise SourceError("gcp metadata: instance/name is empty")
-            self._name = name
+            answer = self.get("instance/name", self.timeout_s)
+            self._name = instance_name("gcp metadata: instance/name", answer)
         return self._name
 
     def run(self, stop: threading.Event) -> None:
@@ -122,14 +130,16 @@ class GcpWatcher:
         if value == "FALSE":
             return
         if value != "TRUE":
-            raise SourceError(f"gcp metadata: instance/preempted is {value!r}, not TRUE or FALSE")
+            raise SourceError(
+                f"gcp metadata: instance/preempted is {value[:40]!r}, not TRUE or FALSE"
+            )
         self._emit(NoticeKind.TERMINATE, self.clock() + PREEMPTION_WINDOW_S, "preempted")
 
     def on_maintenance(self, value: str, etag: str) -> None:
         if value in ("NONE", "MIGRATE_ON_HOST_MAINTENANCE"):
             return
         if value != "TERMINATE_ON_HOST_MAINTENANCE":
-            raise SourceError(f"gcp metadata: instance/maintenance-event is {value!r}")
+            raise SourceError(f"gcp metadata: instance/maintenance-event is {value[:40]!r}")
         self._emit(NoticeKind.REBALANCE, None, f"maintenance:{etag}")
 
     def _emit(self, kind: NoticeKind, deadline: float | None, key: str) -> None:
