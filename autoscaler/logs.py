@@ -3,23 +3,47 @@ is about as fields, and every secret the process knows scrubbed before a line is
 
 Secrets are scrubbed at the handler, not at each call site: a token read from a file, a database
 password, an AWS secret key or a bearer header is replaced by ``***`` wherever it appears (the
-message, its fields, an exception's text), so a careless ``log.error("%s", exc)`` cannot leak one.
+message, its fields, an exception's text), so a careless ``log.error("%s", exc)`` cannot leak one
+(``autoscaler.secrets`` says what is scrubbed and why it is linear in the text). A string longer
+than ``MAX_FIELD_CHARS`` is cut *after* it is scrubbed, so the cut never leaves half a secret,
+and the line says how much was cut: an upstream's 60 KB error body is not a log line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import sys
-import threading
 import traceback
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-REDACTED = "***"
+from autoscaler.secrets import (
+    REDACTED,
+    SECRETS,
+    Secrets,
+    register_environment_secrets,
+    register_secret,
+)
+
+__all__ = [
+    "MAX_FIELD_CHARS",
+    "REDACTED",
+    "SECRETS",
+    "JsonFormatter",
+    "PlainFormatter",
+    "Secrets",
+    "bounded",
+    "configure",
+    "fields",
+    "names",
+    "register_environment_secrets",
+    "register_secret",
+]
+
+MAX_FIELD_CHARS = 16_384
+
 CONTEXT_FIELDS = (
     "tick",
     "fencing_token",
@@ -34,49 +58,13 @@ CONTEXT_FIELDS = (
     "provider",
     "source",
 )
-# Shapes of secrets that may reach a message without being registered: credentials in a URL,
-# bearer headers, key=value pairs whose key says secret, AWS secret access keys.
-_PATTERNS = (
-    (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/\s@]+:)[^@\s]+(@)"), r"\1" + REDACTED + r"\2"),
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + REDACTED),
-    (
-        re.compile(
-            r"(?i)((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|client[_-]?secret)"
-            r"[\"']?\s*[=:]\s*[\"']?)[^\s\"',;&]+"
-        ),
-        r"\1" + REDACTED,
-    ),
-)
 
 
-class Secrets:
-    """The secret values this process holds, registered where each is read."""
-
-    def __init__(self) -> None:
-        self._values: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, *values: str | None) -> None:
-        with self._lock:
-            self._values.update(v for v in values if v and len(v) >= 4)
-
-    def scrub(self, text: str) -> str:
-        with self._lock:
-            values = sorted(self._values, key=len, reverse=True)
-        for value in values:
-            if value in text:
-                text = text.replace(value, REDACTED)
-        for pattern, replacement in _PATTERNS:
-            text = pattern.sub(replacement, text)
+def bounded(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
         return text
-
-
-SECRETS = Secrets()
-
-
-def register_secret(*values: str | None) -> None:
-    """Call where a credential is read, before anything can log it."""
-    SECRETS.add(*values)
+    return f"{text[:limit]}… [{len(text) - limit} more characters cut]"
 
 
 class JsonFormatter(logging.Formatter):
@@ -106,7 +94,7 @@ class JsonFormatter(logging.Formatter):
     def _scrubbed(self, value: Any) -> Any:
         """Each string is scrubbed before encoding, so the line stays valid JSON."""
         if isinstance(value, str):
-            return self.secrets.scrub(value)
+            return bounded(self.secrets.scrub(value))
         if isinstance(value, (list, tuple)):
             return [self._scrubbed(item) for item in value]
         return value
@@ -120,17 +108,7 @@ class PlainFormatter(logging.Formatter):
         self.secrets = secrets
 
     def format(self, record: logging.LogRecord) -> str:
-        return self.secrets.scrub(super().format(record))
-
-
-_SECRET_NAMES = re.compile(r"(?i)secret|token|passw|credential|private|_dsn$|_key$")
-
-
-def register_environment_secrets(environ: dict[str, str] | None = None) -> None:
-    """Values of environment variables whose names say they are secret (``AWS_SECRET_ACCESS_KEY``,
-    ``AZURE_CLIENT_SECRET``, ``GPU_AUTOSCALER_TOKEN``…): long enough to be one, never logged."""
-    environ = dict(os.environ) if environ is None else environ
-    SECRETS.add(*(v for k, v in environ.items() if _SECRET_NAMES.search(k) and len(v) >= 8))
+        return bounded(self.secrets.scrub(super().format(record)))
 
 
 def configure(level: str = "INFO", json_lines: bool = True, stream: TextIO | None = None) -> None:
