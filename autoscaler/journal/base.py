@@ -1,18 +1,46 @@
-"""The journal over a DB-API connection: one class, two dialects (SQLite, PostgreSQL)."""
+"""The journal over a DB-API connection: one class, two dialects (SQLite, PostgreSQL).
+
+The journal is the write-ahead log of every cloud call, so a journal that cannot be trusted
+stops the start with one line rather than being written on: a file SQLite finds damaged
+(``PRAGMA quick_check``), one that cannot be written, tables without the journal's columns, or
+a schema version that is not a number this code reads. While the controller runs, every
+transaction first checks that the journal is still the one it opened: an SQLite file deleted
+or replaced on disk, or a database that no longer carries the journal's identity (overwritten
+by another), fails that transaction with a ``JournalError`` (the tick is degraded and said so;
+cloud calls, which must be written ahead, are not made) instead of writing into a file nobody
+will read again. Rows read back are parsed (``rows``), and no figure that is not a finite
+number is ever written.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import math
+import os
+import secrets
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from autoscaler.act import ActionRecord
+from autoscaler.journal import rows
+from autoscaler.journal.rows import (
+    ActionsRow,
+    CallsRow,
+    CostsRow,
+    MonthCost,
+    RowError,
+    Serial1,
+    TicksRow,
+    Time1,
+    parse_rows,
+)
 from autoscaler.journal.schema import SCHEMA_VERSION, TABLES
 from autoscaler.leader import LeadershipLost
 
@@ -25,8 +53,21 @@ SCHEMA_LOCK_KEY = 0x6770756A6F75726E  # "gpujourn": the journal's own advisory l
 
 
 class JournalError(RuntimeError):
-    """The journal cannot be opened or written; the message names the database, never its
-    credentials."""
+    """The journal cannot be opened or written; the message is one line and names the
+    database, never its credentials."""
+
+
+# The tables and columns the code writes and reads: a database that lacks one is not a journal
+# this version can use.
+COLUMNS = {
+    "journal_meta": "key, value",
+    "ticks": rows.columns(TicksRow),
+    "actions": "incarnation, " + rows.columns(ActionsRow),
+    "cloud_calls": rows.columns(CallsRow),
+    "instance_costs": rows.columns(CostsRow),
+}
+IDENTITY_KEY = "journal_id"
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class _Connection(Protocol):
@@ -110,6 +151,7 @@ class Journal:
         fenced_by: str | None = None,
         transaction: Callable[..., contextlib.AbstractContextManager[Any]] | None = None,
         serialize_schema: str | None = None,
+        file: Path | None = None,
     ) -> None:
         self._db = connection
         self._placeholder = placeholder
@@ -119,6 +161,13 @@ class Journal:
         self._last_billed: dict[str, float] = {}
         self._month: str | None = None
         self._month_usd = 0.0
+        self._file = file
+        self._file_id = _file_id(file) if file is not None else None
+        # This opening's mark in the SQLite file's header (``user_version``): a file overwritten
+        # in place shows another. Checked once a checkpoint has put it in the main file.
+        self._nonce = secrets.randbelow(2**31 - 1) + 1
+        self._nonce_in_file = False
+        self._identity: str | None = None
         with self._atomic():
             if serialize_schema is not None:
                 self._exec(serialize_schema)
@@ -129,13 +178,93 @@ class Journal:
                 "ON CONFLICT (key) DO NOTHING",
                 ("schema_version", str(SCHEMA_VERSION)),
             )
+            self._exec(
+                "INSERT INTO journal_meta (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO NOTHING",
+                (IDENTITY_KEY, uuid.uuid4().hex),
+            )
+            self._check_schema()
+            self._identity = self._read_identity()
+            if file is not None:
+                self._exec(f"PRAGMA user_version = {self._nonce}")
+        if file is not None:
+            self._exec("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._check_still_ours()
+        # What the controller reads first, read now: a damaged row stops the start here.
+        self._calls("WHERE finished_at IS NULL")
+        self.month_spend(time.time())
+
+    def _check_schema(self) -> None:
+        """Every table has the columns this code uses, and the schema version is one it
+        reads: otherwise this is not a journal to write on."""
+        for table, names in COLUMNS.items():
+            self._exec(f"SELECT {names} FROM {table} WHERE 1 = 0")
+        found = self._exec(
+            "SELECT value FROM journal_meta WHERE key = %s", ("schema_version",)
+        ).fetchall()
+        try:
+            rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
+        except RowError as exc:
+            raise JournalError(f"journal {self.where}: {exc}") from None
+
+    def _read_identity(self) -> str | None:
+        found = self._exec(
+            "SELECT value FROM journal_meta WHERE key = %s", (IDENTITY_KEY,)
+        ).fetchall()
+        return str(found[0][0]) if found else None
+
+    def _check_still_ours(self) -> None:
+        """The journal is still the one opened: the SQLite file was not deleted or replaced on
+        disk, and the database still carries the identity it had (not overwritten by another
+        journal or emptied)."""
+        if self._file is not None and not self._same_file(self._file):
+            raise JournalError(
+                f"the journal {self.where} was deleted, replaced or overwritten while the "
+                "controller ran; "
+                "nothing more is written to it (cloud calls wait for it): restart the "
+                "controller to open the journal at that path again"
+            )
+        if self._identity is not None and self._read_identity() != self._identity:
+            raise JournalError(
+                f"the journal {self.where} was overwritten while the controller ran (it is no "
+                "longer the journal this controller opened); nothing more is written to it "
+                "(cloud calls wait for it): restart the controller to open it again"
+            )
+
+    def _finite(self, *figures: tuple[str, float]) -> None:
+        """A figure that is not a finite number is never written: NaN or infinity in a price
+        would poison the month's sum, and the budget cap with it, for good."""
+        for name, value in figures:
+            if not math.isfinite(value):
+                raise JournalError(
+                    f"journal {self.where}: {name} is {value!r}, not a finite number; it is "
+                    "never journaled"
+                )
+
+    def _same_file(self, path: Path) -> bool:
+        """The file at ``path`` is the one opened: same inode, still an SQLite file, and, once
+        this opening's mark has reached its header, still carrying that mark."""
+        if _file_id(path) != self._file_id:
+            return False
+        try:
+            with path.open("rb") as handle:
+                header = handle.read(100)
+        except OSError:
+            return False
+        if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+            return False
+        mark = int.from_bytes(header[60:64], "big")
+        if mark == self._nonce:
+            self._nonce_in_file = True
+        return mark == self._nonce or not self._nonce_in_file
 
     # -- writing ---------------------------------------------------------------------------
 
     def close_unfinished(self, now: float) -> list[CloudCall]:
         """Calls a killed predecessor started and never finished: marked unknown, returned so
         the first listing can match them with what the cloud has under their request ids."""
-        unfinished = [c for c in self.calls() if c.finished_at is None]
+        self._finite(("now", now))
+        unfinished = self._calls("WHERE finished_at IS NULL")
         with self._atomic():
             for call in unfinished:
                 self._exec(
@@ -170,6 +299,7 @@ class Journal:
     ) -> None:
         """Written before the cloud call; under a fenced journal only while ``token`` is the
         leader's current one, so a deposed leader cannot even start a call."""
+        self._finite(("started_at", at))
         values = (
             request_id,
             kind,
@@ -213,6 +343,7 @@ class Journal:
         detail: str,
         at: float,
     ) -> None:
+        self._finite(("finished_at", at))
         with self._atomic():
             self._exec(
                 "UPDATE cloud_calls SET finished_at = %s, outcome = %s, instance_ids = %s, "
@@ -224,7 +355,9 @@ class Journal:
         self, entry: TickEntry, actions: Sequence[ActionRecord], billed: Sequence[Billed]
     ) -> dict[str, float]:
         """The tick, its actions and the cost accrued since the last tick, in one transaction;
-        returns the dollars accrued per pool."""
+        returns the dollars accrued per pool. A figure that is not a finite number fails the
+        whole tick's record (a NaN or infinite price would poison the month's sum for good)."""
+        self._finite(*_tick_figures(entry, actions, billed))
         accrued: dict[str, float] = {}
         month = month_of(entry.at)
         with self._atomic():
@@ -244,8 +377,8 @@ class Journal:
                     entry.pending_gpus,
                     entry.instances,
                     entry.cost_per_hour,
-                    json.dumps(entry.plan, default=str),
-                    json.dumps(entry.clamps, default=str),
+                    _json(entry.plan),
+                    _json(entry.clamps),
                 ),
             )
             for action in actions:
@@ -296,13 +429,13 @@ class Journal:
     ) -> None:
         """One upsert per instance and month, sent as one batch: a fleet of ten thousand
         instances is one statement's worth of round trips per tick."""
-        rows = []
+        pending = []
         for node in billed:
             since = self._billed_since(node, now)
             hours = max(0.0, now - since) / 3600.0
             usd = node.price_per_hour * hours
-            accrued[node.pool] = accrued.get(node.pool, 0.0) + usd
-            rows.append(
+            self._finite((f"the accrued cost of {node.instance_id}", usd))
+            pending.append(
                 (
                     node.instance_id,
                     month,
@@ -315,16 +448,18 @@ class Journal:
                     node.gpus * hours,
                 )
             )
-            self._last_billed[node.instance_id] = now
-        if rows:
+        if pending:
             self._exec_many(
                 "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, "
                 "last_at, usd, gpu_hours) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (instance_id, month) DO UPDATE SET last_at = excluded.last_at, "
                 "usd = instance_costs.usd + excluded.usd, "
                 "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours",
-                rows,
+                pending,
             )
+        for row in pending:
+            accrued[row[3]] = accrued.get(row[3], 0.0) + row[7]
+            self._last_billed[row[0]] = now
 
     def forget(self, instance_ids: Sequence[str]) -> None:
         """Instances no longer billed: stop remembering when they were last billed."""
@@ -334,14 +469,20 @@ class Journal:
     # -- reading ---------------------------------------------------------------------------
 
     def month_spend(self, at: float) -> float:
-        """Dollars accrued in ``at``'s calendar month (UTC), all replicas included."""
+        """Dollars accrued in ``at``'s calendar month (UTC), all replicas included. Each row
+        is parsed: a sum over garbage would be a budget figure made up."""
         month = month_of(at)
         if self._month != month:
-            row = self._exec(
-                "SELECT COALESCE(SUM(usd), 0) FROM instance_costs WHERE month = %s", (month,)
-            ).fetchone()
+            found = self._select(
+                MonthCost,
+                "instance_costs",
+                f"SELECT {rows.columns(MonthCost)} FROM instance_costs WHERE month = %s",
+                (month,),
+            )
+            total = math.fsum(row.usd for row in found)
+            self._finite((f"the spend of {month}", total))
             self._month = month
-            self._month_usd = float(row[0])
+            self._month_usd = total
         return self._month_usd
 
     def reload(self) -> None:
@@ -350,90 +491,93 @@ class Journal:
         self._last_billed.clear()
 
     def calls(self) -> list[CloudCall]:
-        rows = self._exec(
-            "SELECT request_id, kind, provider, pool, count, token, incarnation, started_at, "
-            "finished_at, outcome, instance_ids, detail FROM cloud_calls ORDER BY started_at"
-        ).fetchall()
+        return self._calls("")
+
+    def _calls(self, where: str) -> list[CloudCall]:
+        found = self._select(
+            CallsRow,
+            "cloud_calls",
+            f"SELECT {rows.columns(CallsRow)} FROM cloud_calls {where} ORDER BY started_at",
+        )
         return [
             CloudCall(
-                request_id=r[0],
-                kind=r[1],
-                provider=r[2],
-                pool=r[3],
-                count=int(r[4]),
-                token=int(r[5]),
-                incarnation=r[6],
-                started_at=float(r[7]),
-                finished_at=None if r[8] is None else float(r[8]),
-                outcome=r[9],
-                instance_ids=tuple(json.loads(r[10])),
-                detail=r[11],
+                request_id=r.request_id,
+                kind=r.kind,
+                provider=r.provider,
+                pool=r.pool,
+                count=r.n,
+                token=r.token,
+                incarnation=r.incarnation,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                outcome=r.outcome,
+                instance_ids=tuple(r.instance_ids),
+                detail=r.detail,
             )
-            for r in rows
+            for r in found
         ]
 
     def spend(self, since: float | None = None, until: float | None = None) -> list[SpendRow]:
-        rows = self._exec(
-            "SELECT instance_id, month, provider, pool, gpus, first_at, last_at, usd, gpu_hours "
-            "FROM instance_costs WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
-            (since if since is not None else float("-inf"), until or float("inf")),
-        ).fetchall()
-        return [
-            SpendRow(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]), float(r[6]), float(r[7]),
-                     float(r[8]))
-            for r in rows
-        ]  # fmt: skip
+        found = self._select(
+            CostsRow,
+            "instance_costs",
+            f"SELECT {rows.columns(CostsRow)} FROM instance_costs "
+            "WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
+            _period(since, until),
+        )
+        return [SpendRow(*r) for r in found]
 
     def actions(self, since: float | None = None, until: float | None = None) -> list[ActionRow]:
-        rows = self._exec(
-            "SELECT tick, token, at, kind, pool, requested, done, outcome, detail, request_id, "
-            "instance_ids, job_id, lost_gpu_s FROM actions WHERE at >= %s AND at <= %s "
+        found = self._select(
+            ActionsRow,
+            "actions",
+            f"SELECT {rows.columns(ActionsRow)} FROM actions WHERE at >= %s AND at <= %s "
             "ORDER BY id",
-            (since if since is not None else float("-inf"), until or float("inf")),
-        ).fetchall()
+            _period(since, until),
+        )
         return [
             ActionRow(
-                tick=int(r[0]),
-                token=int(r[1]),
-                at=float(r[2]),
-                kind=r[3],
-                pool=r[4],
-                requested=int(r[5]),
-                done=int(r[6]),
-                outcome=r[7],
-                detail=r[8],
-                request_id=r[9],
-                instance_ids=tuple(json.loads(r[10])),
-                job_id=r[11],
-                lost_gpu_s=r[12],
+                tick=r.tick,
+                token=r.token,
+                at=r.at,
+                kind=r.kind,
+                pool=r.pool,
+                requested=r.requested,
+                done=r.done,
+                outcome=r.outcome,
+                detail=r.detail,
+                request_id=r.request_id,
+                instance_ids=tuple(r.instance_ids),
+                job_id=r.job_id,
+                lost_gpu_s=r.lost_gpu_s,
             )
-            for r in rows
+            for r in found
         ]
 
     def ticks(self, since: float | None = None, until: float | None = None) -> list[TickEntry]:
-        rows = self._exec(
-            "SELECT incarnation, tick, token, at, duration_s, outcome, held, demand_known, "
-            "pending_gpus, instances, cost_per_hour, plan, clamps FROM ticks "
-            "WHERE at >= %s AND at <= %s ORDER BY id",
-            (since if since is not None else float("-inf"), until or float("inf")),
-        ).fetchall()
+        found = self._select(
+            TicksRow,
+            "ticks",
+            f"SELECT {rows.columns(TicksRow)} FROM ticks WHERE at >= %s AND at <= %s ORDER BY id",
+            _period(since, until),
+        )
         return [
             TickEntry(
-                incarnation=r[0],
-                tick=int(r[1]),
-                token=int(r[2]),
-                at=float(r[3]),
-                duration_s=float(r[4]),
-                outcome=r[5],
-                held=r[6],
-                demand_known=bool(r[7]),
-                pending_gpus=int(r[8]),
-                instances=int(r[9]),
-                cost_per_hour=float(r[10]),
-                plan=json.loads(r[11]),
-                clamps=json.loads(r[12]),
+                incarnation=r.incarnation,
+                tick=r.tick,
+                token=r.token,
+                at=r.at,
+                duration_s=r.duration_s,
+                outcome=r.outcome,
+                held=r.held,
+                demand_known=r.demand_known,
+                pending_gpus=r.pending_gpus,
+                instances=r.instances,
+                cost_per_hour=r.cost_per_hour,
+                plan=r.plan,
+                clamps=[dict(c) for c in r.clamps],
             )
-            for r in rows
+            for r in found
         ]
 
     def close(self) -> None:
@@ -446,16 +590,32 @@ class Journal:
             self._month_usd += usd
 
     def _call_exists(self, request_id: str, token: int) -> bool:
-        row = self._exec(
-            "SELECT token FROM cloud_calls WHERE request_id = %s", (request_id,)
-        ).fetchone()
-        return row is not None and int(row[0]) == token
+        found = self._select(
+            Serial1,
+            "cloud_calls",
+            "SELECT token FROM cloud_calls WHERE request_id = %s",
+            (request_id,),
+        )
+        return bool(found) and found[0].value == token
 
     def _last_billed_in_db(self, instance_id: str) -> float | None:
-        row = self._exec(
-            "SELECT MAX(last_at) FROM instance_costs WHERE instance_id = %s", (instance_id,)
-        ).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+        found = self._select(
+            Time1,
+            "instance_costs",
+            "SELECT MAX(last_at) FROM instance_costs WHERE instance_id = %s",
+            (instance_id,),
+        )
+        return found[0].at if found else None
+
+    def _select(
+        self, row: type[rows.R], table: str, sql: str, params: Sequence[Any] = ()
+    ) -> list[rows.R]:
+        """The rows of a query, parsed: a row the controller could not have written is a
+        ``JournalError`` naming it."""
+        try:
+            return parse_rows(row, table, self._exec(sql, params).fetchall())
+        except RowError as exc:
+            raise JournalError(f"journal {self.where}: {exc}") from None
 
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self._placeholder != "%s":
@@ -465,32 +625,35 @@ class Journal:
         except LeadershipLost:
             raise
         except Exception as exc:
-            raise JournalError(f"journal {self.where}: {type(exc).__name__}: {exc}") from exc
+            raise JournalError(f"journal {self.where}: {_reason(exc)}") from exc
 
-    def _exec_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    def _exec_many(self, sql: str, many_rows: Sequence[Sequence[Any]]) -> None:
         if self._placeholder != "%s":
             sql = sql.replace("%s", self._placeholder)
         try:
             many = getattr(self._db, "executemany", None)
             if many is not None:
-                many(sql, rows)
+                many(sql, many_rows)
                 return
             with self._db.cursor() as cursor:  # type: ignore[attr-defined]
-                cursor.executemany(sql, rows)
+                cursor.executemany(sql, many_rows)
         except Exception as exc:
-            raise JournalError(f"journal {self.where}: {type(exc).__name__}: {exc}") from exc
+            raise JournalError(f"journal {self.where}: {_reason(exc)}") from exc
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator[None]:
         if self._transaction is not None:
             with self._transaction():
+                self._check_still_ours()
                 yield
             return
         self._exec("BEGIN IMMEDIATE")
         try:
+            self._check_still_ours()
             yield
         except BaseException:
-            self._exec("ROLLBACK")
+            with contextlib.suppress(JournalError):  # a damaged file may refuse even this
+                self._exec("ROLLBACK")
             raise
         self._exec("COMMIT")
 
@@ -512,19 +675,103 @@ class ActionRow:
     lost_gpu_s: float | None
 
 
+def _period(since: float | None, until: float | None) -> tuple[float, float]:
+    return (
+        since if since is not None else float("-inf"),
+        until if until is not None else float("inf"),
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    """The database's reason on one line (PostgreSQL adds DETAIL and HINT lines)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    if "readonly" in first or "unable to open" in first or isinstance(exc, PermissionError):
+        reason += " (the controller must be able to write the journal's file and its folder)"
+    return reason
+
+
+def _tick_figures(
+    entry: TickEntry, actions: Sequence[ActionRecord], billed: Sequence[Billed]
+) -> Iterator[tuple[str, float]]:
+    """Every figure a tick writes, named, to be checked before anything is written."""
+    yield f"tick {entry.tick}: at", entry.at
+    yield f"tick {entry.tick}: duration_s", entry.duration_s
+    yield f"tick {entry.tick}: cost_per_hour", entry.cost_per_hour
+    for action in actions:
+        if action.lost_gpu_s is not None:
+            yield f"tick {entry.tick}: {action.kind} lost_gpu_s", action.lost_gpu_s
+    for node in billed:
+        yield f"tick {entry.tick}: the price of {node.pool}", node.price_per_hour
+        yield f"tick {entry.tick}: launched_at of {node.instance_id}", node.launched_at
+
+
+def _json(value: Any) -> str:
+    """Plans and clamps as JSON; a non-finite number in them becomes null (JSON has none)."""
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite_only(value), default=str, allow_nan=False)
+
+
+def _finite_only(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_only(v) for v in value]
+    return value
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The file's device and inode: what tells a file deleted or replaced under us."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def open_sqlite(path: Path) -> Journal:
     """One file in WAL mode: readers never block the writer, and a kill -9 at any instant
-    leaves the last committed transaction whole."""
+    leaves the last committed transaction whole. A file SQLite finds damaged, or one that
+    cannot be written, stops here with one line."""
     where = str(path)
+    connection: sqlite3.Connection | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA busy_timeout=5000")
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA busy_timeout=5000")
+        damage = [
+            " ".join(str(r[0]).split())
+            for r in connection.execute("PRAGMA quick_check(3)").fetchall()
+        ]
     except (OSError, sqlite3.Error) as exc:
-        raise JournalError(f"cannot open the journal {where}: {exc}") from exc
-    return Journal(connection, placeholder="?", id_column="INTEGER PRIMARY KEY", where=where)
+        if connection is not None:
+            connection.close()
+        raise JournalError(f"cannot open the journal {where}: {_reason(exc)}") from exc
+    if damage != ["ok"]:
+        connection.close()
+        raise JournalError(
+            f"the journal {where} is damaged ({'; '.join(damage)[:300]}): move it aside and "
+            "restore it from a backup (or start without it: a new journal begins the month's "
+            "spend at zero)"
+        )
+    try:
+        return Journal(
+            connection,
+            placeholder="?",
+            id_column="INTEGER PRIMARY KEY",
+            where=where,
+            file=None if where == ":memory:" else path,  # an in-memory one has no file to watch
+        )
+    except JournalError:
+        connection.close()
+        raise
 
 
 def open_postgres(dsn: str, fenced_by: str | None = None) -> Journal:
@@ -544,17 +791,22 @@ def open_postgres(dsn: str, fenced_by: str | None = None) -> Journal:
         connection = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise JournalError(f"cannot open the journal {where}: {type(exc).__name__}") from exc
-    return Journal(
-        connection,
-        placeholder="%s",
-        id_column="BIGSERIAL PRIMARY KEY",
-        where=where,
-        fenced_by=fenced_by,
-        transaction=connection.transaction,
-        # Replicas starting together would race in CREATE TABLE IF NOT EXISTS (PostgreSQL then
-        # fails one of them on its catalog's unique index): one creates, the others wait.
-        serialize_schema=f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY})",
-    )
+    try:
+        return Journal(
+            connection,
+            placeholder="%s",
+            id_column="BIGSERIAL PRIMARY KEY",
+            where=where,
+            fenced_by=fenced_by,
+            transaction=connection.transaction,
+            # Replicas starting together would race in CREATE TABLE IF NOT EXISTS (PostgreSQL
+            # then fails one of them on its catalog's unique index): one creates, the others
+            # wait.
+            serialize_schema=f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY})",
+        )
+    except JournalError:
+        connection.close()
+        raise
 
 
 def open_journal(

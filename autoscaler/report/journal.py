@@ -9,15 +9,17 @@ claim.
 The journal is only read, never written: SQLite is opened with ``mode=ro`` (a running
 controller keeps writing undisturbed, WAL readers never block it) and PostgreSQL in a read-only
 transaction. Every read happens in one transaction, so the figures come from one snapshot.
+Every row is parsed with the limits of what the controller writes (``autoscaler.journal.rows``):
+text in a number's column, NaN, a time no clock could reach or a schema version that is not a
+number end the report with one line naming the journal, the table, the row and the column,
+never in a figure made of garbage.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import math
-import os
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -28,7 +30,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autoscaler.errors import InputError
+from autoscaler.journal import rows
 from autoscaler.journal.base import SpendRow
+from autoscaler.journal.rows import ActionFigures, CostsRow, Count1, RowError, TickFigures
 from autoscaler.journal.schema import SCHEMA_VERSION
 from autoscaler.report.build import HOUR, MAX_POINTS, percentiles
 from autoscaler.report.model import (
@@ -42,6 +46,7 @@ from autoscaler.report.model import (
     Series,
     WindowInfo,
 )
+from autoscaler.secrets import read_secret_env
 
 POLICY = "journal"
 LABEL = "Real (journal)"
@@ -120,78 +125,80 @@ class JournalReader:
             )
 
     def _ticks(self, low: float, high: float) -> list[Tick]:
-        rows = self._rows(
-            "SELECT at, duration_s, outcome, pending_gpus, cost_per_hour, clamps FROM ticks "
-            "WHERE at >= %s AND at <= %s ORDER BY at, id",
+        found = self._parsed(
+            TickFigures,
+            "ticks",
+            f"SELECT {rows.columns(TickFigures)} FROM ticks WHERE at >= %s AND at <= %s "
+            "ORDER BY at, id",
             (low, high),
         )
         return [
             Tick(
-                at=float(r[0]),
-                duration_s=float(r[1]),
-                outcome=str(r[2]),
-                pending_gpus=int(r[3]),
-                cost_per_hour=float(r[4]),
-                clamp_rules=self._rules(r[5]),
+                at=r.at,
+                duration_s=r.duration_s,
+                outcome=r.outcome,
+                pending_gpus=r.pending_gpus,
+                cost_per_hour=r.cost_per_hour,
+                clamp_rules=frozenset(c["rule"] for c in r.clamps),
             )
-            for r in rows
+            for r in found
         ]
 
     def _actions(self, low: float, high: float) -> list[Action]:
-        rows = self._rows(
-            "SELECT at, kind, pool, done, outcome, lost_gpu_s FROM actions "
-            "WHERE at >= %s AND at <= %s ORDER BY id",
+        found = self._parsed(
+            ActionFigures,
+            "actions",
+            f"SELECT {rows.columns(ActionFigures)} FROM actions WHERE at >= %s AND at <= %s "
+            "ORDER BY id",
             (low, high),
         )
         return [
             Action(
-                at=float(r[0]),
-                kind=str(r[1]),
-                pool=r[2],
-                done=int(r[3]),
-                outcome=str(r[4]),
-                lost_gpu_s=None if r[5] is None else float(r[5]),
+                at=r.at,
+                kind=r.kind,
+                pool=r.pool,
+                done=r.done,
+                outcome=r.outcome,
+                lost_gpu_s=r.lost_gpu_s,
             )
-            for r in rows
+            for r in found
         ]
 
     def _spend(self, low: float, high: float) -> list[SpendRow]:
-        rows = self._rows(
-            "SELECT instance_id, month, provider, pool, gpus, first_at, last_at, usd, gpu_hours "
-            "FROM instance_costs WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
+        found = self._parsed(
+            CostsRow,
+            "instance_costs",
+            f"SELECT {rows.columns(CostsRow)} FROM instance_costs "
+            "WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
             (low, high),
         )
-        return [
-            SpendRow(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]), float(r[6]), float(r[7]),
-                     float(r[8]))
-            for r in rows
-        ]  # fmt: skip
+        return [SpendRow(*r) for r in found]
 
     def _calls_cut_short(self, low: float, high: float) -> int:
         marks = ", ".join(["%s"] * len(CUT_SHORT))
-        rows = self._rows(
+        (found,) = self._parsed(
+            Count1,
+            "cloud_calls",
             f"SELECT COUNT(*) FROM cloud_calls WHERE started_at >= %s AND started_at <= %s "
             f"AND outcome IN ({marks})",
             (low, high, *CUT_SHORT),
         )
-        return int(rows[0][0])
+        return found.n
 
     def _check_schema(self) -> None:
-        rows = self._rows("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
-        version = int(rows[0][0]) if rows else SCHEMA_VERSION
-        if version > SCHEMA_VERSION:
-            raise InputError(
-                self.where,
-                f"the journal's schema version {version} is newer than this version of "
-                f"gpu-autoscaler reads ({SCHEMA_VERSION}); upgrade gpu-autoscaler",
-            )
-
-    def _rules(self, clamps: str) -> frozenset[str]:
+        found = self._rows("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
         try:
-            parsed = json.loads(clamps)
-            return frozenset(str(c["rule"]) for c in parsed)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InputError(self.where, "a tick's clamps are not the journal's JSON") from exc
+            rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
+        except RowError as exc:
+            raise InputError(self.where, str(exc)) from None
+
+    def _parsed(
+        self, row: type[rows.R], table: str, sql: str, params: Sequence[Any]
+    ) -> list[rows.R]:
+        try:
+            return rows.parse_rows(row, table, self._rows(sql, params))
+        except RowError as exc:
+            raise InputError(self.where, f"not what gpu-autoscaler writes: {exc}") from None
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         if self._placeholder != "%s":
@@ -247,7 +254,7 @@ def open_postgres_reader(env_var: str) -> JournalReader:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    dsn = os.environ.get(env_var, "")
+    dsn = read_secret_env(env_var, "--journal-postgres-env")
     if not dsn.strip():
         raise InputError(
             "--journal-postgres-env", f"the environment variable {env_var} is not set or empty"
@@ -656,7 +663,7 @@ def run_journal_report(
 ) -> int:
     """``gpu-autoscaler report --journal ...``: write report.json/md/html and print a summary."""
     from autoscaler.report.render import summary_markdown
-    from autoscaler.report.write import write_report
+    from autoscaler.report.write import publishable, write_report
 
     since = parse_moment(since_text, "--since")
     until = parse_moment(until_text, "--until")
@@ -666,6 +673,7 @@ def run_journal_report(
     report = build_journal_report(records, since, until)
     if compare_scenario is not None:
         report = with_prediction(report, compare_scenario, policy_name)
+    report = publishable(report)
     written = write_report(report, out)
     print(summary_markdown(report))
     print("\nwritten: " + ", ".join(str(p) for p in written))

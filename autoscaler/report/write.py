@@ -4,18 +4,27 @@ A report folder is often kept next to earlier runs or served as is, so a crash, 
 rendering bug must leave either the previous file or the new one, never a truncated mix: every
 string is rendered first, and each file goes to a temporary name in the same folder and is
 renamed into place only once it is fully on disk.
+
+What leaves the process is checked first (``publishable``): a figure that is not a finite number
+(NaN, infinity, from a damaged journal or a degenerate scenario) stops the write with one line
+naming where it is, never ``$nan`` in a report; and every string is scrubbed of the secrets the
+process knows, in the model, before JSON or HTML escaping could hide one from a text search.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from autoscaler.errors import InputError
 from autoscaler.report.model import Report
 from autoscaler.report.render import render_html, render_markdown
+from autoscaler.secrets import SECRETS, scrub_strings
 
 # mkstemp creates files only the owner can read; a report is meant to be shared and served.
 FILE_MODE = 0o644
@@ -82,10 +91,11 @@ def _write_one(out_dir: Path, name: str, text: str) -> Path:
 
 def write_files(out_dir: Path, contents: list[tuple[str, str]]) -> list[Path]:
     """Write each (name, text) into ``out_dir``, each renamed into place only once fully
-    written; returns their paths. A bad folder is one clear error before anything is written."""
+    written, with every secret the process has registered cut out; returns their paths. A bad folder
+    is one clear error before anything is written."""
     check_out_dir(out_dir)
     _make_directory(out_dir)
-    written = [_write_one(out_dir, name, text) for name, text in contents]
+    written = [_write_one(out_dir, name, SECRETS.scrub_values(text)) for name, text in contents]
     _fsync_directory(out_dir)
     return written
 
@@ -93,4 +103,29 @@ def write_files(out_dir: Path, contents: list[tuple[str, str]]) -> list[Path]:
 def write_report(report: Report, out_dir: Path) -> list[Path]:
     """Write report.json, report.md and report.html into ``out_dir``; returns their paths."""
     check_out_dir(out_dir)
-    return write_files(out_dir, _render_all(report))
+    return write_files(out_dir, _render_all(publishable(report)))
+
+
+def publishable(report: Report) -> Report:
+    """The report as it may leave the process: every figure finite, every string scrubbed.
+    A figure that is not a finite number is an ``InputError`` naming its place."""
+    data = report.model_dump(mode="python")
+    for place, value in _numbers(data, ""):
+        if not math.isfinite(value):
+            raise InputError(
+                report.source,
+                f"the report's {place} is {value!r}, not a finite number; no report was written",
+            )
+    return Report.model_validate(scrub_strings(data))
+
+
+def _numbers(value: Any, place: str) -> Iterator[tuple[str, float]]:
+    """(place, number) of every float in plain data (a report is a few levels deep)."""
+    if isinstance(value, float):
+        yield place, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(item, f"{place}.{key}" if place else str(key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _numbers(item, f"{place}[{index}]")
