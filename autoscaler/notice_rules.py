@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Annotated
 
 from pydantic import StringConstraints
@@ -39,6 +40,11 @@ SourceName = Annotated[
 ]
 
 _ID = re.compile(ID_PATTERN)
+# RFC 1123 as the clouds write it; a four-digit year (email.utils reads "0001" as 2001).
+_RFC1123 = re.compile(
+    r"^(?:[A-Z][a-z]{2}, )?[0-9]{1,2} [A-Z][a-z]{2} [1-9][0-9]{3} "
+    r"[0-9]{2}:[0-9]{2}(?::[0-9]{2})? (?:GMT|UTC|UT|[+-][0-9]{4})$"
+)
 
 
 def id_problem(value: object) -> str | None:
@@ -71,16 +77,26 @@ def stamp_problem(value: float, now: float) -> str | None:
 
 
 def parse_time(value: object) -> float:
-    """Seconds since the epoch of an ISO 8601 time with a zone (``...Z`` or ``+00:00``); raises
-    ``ValueError`` with a one-line reason that does not echo a long input."""
+    """Seconds since the epoch of a time with a zone, as the clouds write them: ISO 8601
+    (``2026-11-21T10:00:00Z``, EventBridge's ``time``) or RFC 1123 (``Sat, 21 Nov 2026 10:00:00
+    GMT``, AWS Health's ``startTime``, Azure's ``NotBefore``). Raises ``ValueError`` with a
+    one-line reason that does not echo a long input."""
     if not isinstance(value, str):
         raise ValueError("is not a string")
     if len(value) > TIME_MAX_CHARS:
-        raise ValueError(f"has {len(value)} characters, not an ISO 8601 time")
+        raise ValueError(f"has {len(value)} characters, not a time")
+    moment: datetime | None
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{value!r} is not an ISO 8601 time") from None
+        moment = None
+        if _RFC1123.match(value):
+            try:
+                moment = parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                moment = None
+    if moment is None:
+        raise ValueError(f"{value!r} is not an ISO 8601 or RFC 1123 time")
     if moment.tzinfo is None:
         raise ValueError(f"{value!r} has no time zone")
     return (moment - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()

@@ -260,6 +260,8 @@ class FakeAzureImds(_FakeServer):
         self.name = name
         self.incarnation = 1
         self.events: list[AzureEvent] = []
+        # Event objects served as they are, after the well-formed ones (malformed on purpose).
+        self.raw_events: list[Any] = []
         self.acknowledged: list[Acknowledgement] = []
         self._lock = threading.Lock()
         super().__init__()
@@ -294,7 +296,7 @@ class FakeAzureImds(_FakeServer):
             with self._lock:
                 body = {
                     "DocumentIncarnation": self.incarnation,
-                    "Events": [event.document() for event in self.events],
+                    "Events": [event.document() for event in self.events] + self.raw_events,
                 }
             reply(handler, 200, json.dumps(body).encode(), content_type="application/json")
         elif parts.path == "/metadata/scheduledevents" and method == "POST":

@@ -17,7 +17,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -34,7 +33,7 @@ from autoscaler.agent.metadata import (
     reachable,
 )
 from autoscaler.model import NoticeKind
-from autoscaler.notice_rules import ID_MAX_CHARS, ID_PATTERN, TIME_MAX_CHARS
+from autoscaler.notice_rules import ID_MAX_CHARS, ID_PATTERN, TIME_MAX_CHARS, parse_time
 from autoscaler.sources import SourceError
 
 SOURCE = "azure-scheduled-events"
@@ -83,15 +82,12 @@ def parse_not_before(event: ScheduledEvent) -> float | None:
     if not event.not_before:
         return None
     try:
-        moment = parsedate_to_datetime(event.not_before)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        moment = None
-    if moment is None or moment.tzinfo is None:
+        return parse_time(event.not_before)
+    except ValueError:
         raise SourceError(
             f"{WHAT}: event {event.event_id} has NotBefore "
             f"{event.not_before!r}, not an RFC 1123 time"
-        )
-    return moment.timestamp()
+        ) from None
 
 
 def parse_document(body: bytes) -> ScheduledEvents:
