@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,14 +25,22 @@ from pathlib import Path
 from autoscaler.capacity import CapacityCache, InterruptionHistory
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.config import ControllerConfig, load_config
-from autoscaler.errors import describe
+from autoscaler.errors import InputError, describe
 from autoscaler.guard import GuardMemory, guard, validate_plan
 from autoscaler.lifecycle import InstanceTable
+from autoscaler.logs import configure
 from autoscaler.model import FleetView, Instance, InterruptionNotice, Plan, Pool, PriceQuote
 from autoscaler.observe import Observation, Observer
 from autoscaler.policy import Policy, load_policy
 from autoscaler.preview import LaunchPreview, Preview, Value, preview
 from autoscaler.provider import LaunchResult, Provider
+from autoscaler.secrets import (
+    register_config_secrets,
+    register_environment_secrets,
+    scrub,
+    scrub_strings,
+    scrubbed_error,
+)
 from autoscaler.sources import CheckpointingScheduler
 from autoscaler.wiring import build_providers, build_signals
 
@@ -117,16 +126,31 @@ class PlanReport(Preview):
 
 
 def run(args: argparse.Namespace) -> int:
-    report = make_report(args.config)
-    print(report.model_dump_json(indent=2) if args.json else render(report))
+    """Prints the plan with every secret the process knows scrubbed out: a source's error can
+    carry its token back (a server echoing the bearer header), and so can an ``InputError`` or
+    a warning logged on stderr."""
+    configure("WARNING", json_lines=False)  # what observe logs on stderr is scrubbed too
+    try:
+        report = make_report(args.config)
+    except InputError as exc:
+        raise scrubbed_error(exc) from None
+    if args.json:
+        print(
+            json.dumps(scrub_strings(report.model_dump(mode="json")), indent=2, ensure_ascii=False)
+        )
+    else:
+        print(scrub(render(report)))
     return 0
 
 
 def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
     """One observation, decision and guard from the config at ``path``; bad config raises
-    ``InputError`` before anything is read."""
+    ``InputError`` before anything is read. Every ``*_env`` field's variable is read and its
+    value registered as a secret first (a name that is a pasted secret is refused unechoed)."""
     where = str(path)
     config = load_config(path)
+    register_environment_secrets()
+    register_config_secrets(config, where)
     policy = load_policy(config.policy.name, config.policy.params, where=where)
     providers = {name: ReadOnlyProvider(p) for name, p in build_providers(config, where).items()}
     wiring = build_signals(config, where)
