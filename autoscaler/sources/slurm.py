@@ -34,8 +34,8 @@ from autoscaler.sources.slurm_json import (
     NodeGpus,
     NodeRules,
     active_jobs_on,
+    cloud_node_weights,
     demand_groups,
-    load_document,
     onprem_nodes,
     read_nodes,
     read_running_jobs,
@@ -64,6 +64,7 @@ DEFAULT_IGNORED_REASONS = (
 DEFAULT_IGNORED_REASON_PREFIXES = ("AssocGrp", "AssocMax", "QOSGrp", "QOSMax", "MaxGRES", "MaxCpu")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NODE_COUNT = re.compile(r"[0-9]{1,10}")
 
 log = logging.getLogger(__name__)
 _QUOTED_NODE_LIMIT = f'"{NODE_LIMIT_REASON}"'.encode()
@@ -218,12 +219,14 @@ class SlurmAdapter:
             if not name:
                 continue
             least, most = fields.get("MinNodes", "0"), fields.get("MaxNodes", "UNLIMITED")
-            if not least.isdigit() or not (most.isdigit() or most == "UNLIMITED"):
+            if not _NODE_COUNT.fullmatch(least) or not (
+                _NODE_COUNT.fullmatch(most) or most == "UNLIMITED"
+            ):
                 raise SourceError(
-                    f"scontrol show partition: partition {name}: MinNodes={least} "
-                    f"MaxNodes={most} are not node counts"
+                    f"scontrol show partition: partition {name[:80]}: MinNodes={least[:20]} "
+                    f"MaxNodes={most[:20]} are not node counts"
                 )
-            limits[name] = (int(least), int(most) if most.isdigit() else None)
+            limits[name] = (int(least), None if most == "UNLIMITED" else int(most))
         return limits
 
     def read_nodes(self, now: float) -> NodeReading:
@@ -301,7 +304,8 @@ class SlurmAdapter:
         give_up = time.monotonic() + REQUEUE_RELEASE_S
         state = "COMPLETING"
         while time.monotonic() < give_up:
-            state = self._run("squeue", "-h", "-j", job, "-o", "%T").decode().strip()
+            state = self._run("squeue", "-h", "-j", job, "-o", "%T").decode(errors="replace")
+            state = state.strip()
             if state != "COMPLETING":
                 break
             time.sleep(0.1)
@@ -350,16 +354,8 @@ class SlurmAdapter:
             if placement.spot_safe_onprem is OnPremUse.FIRST
             else self.settings.cloud_weight_first
         )
-        document = load_document(self._run("sinfo", "--json"), "sinfo --json", "nodes")
-        stale = sorted(
-            {
-                str(node.get("name"))
-                for node in document
-                if isinstance(node, dict)
-                and self.settings.cloud_feature in str(node.get("features") or "").split(",")
-                and node.get("weight") != wanted
-            }
-        )
+        weights = cloud_node_weights(self._run("sinfo", "--json"), self.settings.cloud_feature)
+        stale = sorted(name for name, weight in weights.items() if weight != wanted)
         if stale:
             self._run("scontrol", "update", f"nodename={','.join(stale)}", f"weight={wanted}")
 

@@ -9,11 +9,17 @@ per document.
 
 One job whose fields we cannot read fails the whole read rather than being skipped: Slurm validated
 every job at submission, so a value we cannot read means our reading of the format is wrong (a new
-Slurm release, a plugin's gres syntax), and skipping it would silently undercount demand, which the
-controller would act on as if it were true. A failed read leaves demand unknown for the tick, which
-holds scale-down and is reported with the job and field named. A job's ``--comment`` is different:
-it is the user's free text, so a checkpoint hint we cannot read makes that job non-checkpointable
-(it stays off spot) instead of failing everyone's demand.
+Slurm release, a plugin's gres syntax) or the output was corrupted on its way to us, and skipping it
+would silently undercount demand, which the controller would act on as if it were true. A failed
+read leaves demand unknown for the tick, which holds scale-down and is reported with the job and
+field named. What "cannot read" covers: a value of the wrong type, an integer outside 64 bits, a
+time before 1970 or after 9999, an array range that runs backwards, has a step of 0, an index
+beyond Slurm's largest array (4,000,000), ranges out of order or overlapping, non-ASCII digits, a
+job id listed twice, and a document nested deeper than the decoder's limit. A job's ``--comment``
+is different: it is the user's free text, so a checkpoint hint we cannot read makes that job
+non-checkpointable (it stays off spot) instead of failing everyone's demand. So is a request no
+capacity could be planned for (a typo of a million nodes): that job is left out and named in a
+warning, and the others count.
 
 The same document also says which jobs run where (``read_running_jobs``): what an interruption
 notice for a node puts at risk, read once per tick however many nodes are leaving.
@@ -21,7 +27,6 @@ notice for a node puts at risk, read once per tick however many nodes are leavin
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -69,6 +74,21 @@ DEFAULT_CHECKPOINT_SIGNAL = "USR1"
 _CHECKPOINT_SIGNALS = frozenset(
     s.name.removeprefix("SIG") for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP)
 )
+# Slurm's integers are 32 or 64 bits (its unset values are the top of the unsigned range); any
+# other integer is not Slurm's.
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# A Slurm time (epoch seconds) before 1970 or after 9999 is not a time.
+MAX_TIME = 253_402_300_799
+# Slurm's MaxArraySize is at most 4,000,001: no array index is larger than 4,000,000.
+MAX_ARRAY_INDEX = 4_000_000
+# A checkpoint interval or duration longer than this is not one a job means.
+MAX_CHECKPOINT_S = 30 * 86_400.0
+_ARRAY_RANGE = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7})(?::([0-9]{1,7}))?)?")
+_ARRAY_THROTTLE = re.compile(r"[0-9]{1,7}")
+_GPU_COUNT = re.compile(r"[0-9]{1,20}")
+_GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+SHOWN_CHARS = 80
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 
 
 class BadFieldError(Exception):
@@ -125,23 +145,65 @@ class NodeGpus:
     gpu_memory_gib: float | None = None
 
 
+def shown(value: Any) -> str:
+    """A value as one short line for an error message: a field may hold a megabyte of text, a
+    4,000-digit number or a structure nested a thousand deep, none of which may reach a log."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if INT_MIN <= value <= INT_MAX else "an integer beyond 64 bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = repr(value[: SHOWN_CHARS + 1])
+        return text if len(value) <= SHOWN_CHARS else text[:-1] + "..." + text[-1]
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON list"
+    return f"a {type(value).__name__}"
+
+
+def one_line(text: str, most: int = 2 * SHOWN_CHARS) -> str:
+    """Text from outside (an error Slurm printed) as one bounded line."""
+    flat = " ".join(text[: most * 4].split())
+    return flat if len(flat) <= most else flat[: most - 3] + "..."
+
+
+def decode_failure(command: str, exc: Exception) -> SourceError:
+    """One line for a document the decoder refused: malformed, nested too deep, or a number no
+    JSON reader can hold."""
+    if isinstance(exc, RecursionError):
+        return SourceError(f"{command}: output is nested deeper than the decoder's limit")
+    if isinstance(exc, UnicodeError):
+        return SourceError(f"{command}: output is not UTF-8 text")
+    detail = one_line(str(exc))
+    return SourceError(f"{command}: output is not JSON ({detail})")
+
+
 def load_document(text: str | bytes, command: str, key: str) -> list[Any]:
     """The list under ``key`` of a Slurm JSON document, or one ``SourceError`` line."""
     try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise SourceError(f"{command}: output is not JSON ({exc})") from None
+        document = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError, UnicodeError) as exc:
+        raise decode_failure(command, exc) from None
     if not isinstance(document, dict):
-        raise SourceError(f"{command}: output is a JSON {type(document).__name__}, not an object")
+        raise SourceError(f"{command}: output is a JSON {_json_kind(document)}, not an object")
     errors = document.get("errors")
     if errors:
-        first = errors[0]
+        first = errors[0] if isinstance(errors, list) else errors
         detail = first.get("error", first) if isinstance(first, dict) else first
-        raise SourceError(f"{command}: Slurm reported an error: {detail}")
+        said = one_line(detail) if isinstance(detail, str) else shown(detail)
+        raise SourceError(f"{command}: Slurm reported an error: {said}")
     items = document.get(key)
     if not isinstance(items, list):
         raise SourceError(f"{command}: output has no '{key}' list")
     return items
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "object", list: "list", str: "str", bool: "bool", int: "int", float: "float"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 class _JobFields(msgspec.Struct):
@@ -230,7 +292,7 @@ def _decode_jobs(
 ) -> list[Any]:
     try:
         document = decoder.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
         return load_document(text, "squeue --json", "jobs")
     if document.errors not in (msgspec.UNSET, None, []):
         return load_document(text, "squeue --json", "jobs")
@@ -268,10 +330,10 @@ def parse_checkpointing(
         if math.isfinite(value):
             values[key] = value
     interval = values.get(interval_key)
-    if interval is not None and interval <= 0:
+    if interval is not None and not 0 < interval <= MAX_CHECKPOINT_S:
         interval = None
     duration = values.get(duration_key)
-    if duration is not None and duration < 0:
+    if duration is not None and not 0 <= duration <= MAX_CHECKPOINT_S:
         duration = None
     if signal_text is not None:
         asked_by = _signal_name(signal_text)
@@ -291,7 +353,9 @@ def _signal_name(text: str) -> str | None:
 
 def parse_gpu_gres(text: str) -> tuple[int, str | None]:
     """GPUs and model in a TRES or gres string (``gres:gpu:a100:2,gres:nic:1``); (0, None) when
-    it asks for no GPU. Raises ``BadFieldError`` for a GPU entry whose count is not a number."""
+    it asks for no GPU. Raises ``BadFieldError`` for a GPU entry whose count is not a number of
+    ASCII digits within 64 bits (Slurm prints no other; ``int`` would read ``'٣'`` as 3), or
+    whose type is not a name (``gpu:²``)."""
     total = 0
     model: str | None = None
     for item in text.split(","):
@@ -304,33 +368,50 @@ def parse_gpu_gres(text: str) -> tuple[int, str | None]:
         if len(parts) == 1:
             count, found = "1", None
         elif len(parts) == 2:
-            count, found = (parts[1], None) if parts[1].isdigit() else ("1", parts[1])
+            number = parts[1].isascii() and parts[1].isdigit()
+            count, found = (parts[1], None) if number else ("1", parts[1])
         elif len(parts) == 3:
             count, found = parts[2], parts[1]
         else:
-            raise BadFieldError(f"'{text}' is not a GPU count")
-        if not count.isdigit():
-            raise BadFieldError(f"'{text}' is not a GPU count")
+            raise BadFieldError(f"{shown(text)} is not a GPU count")
+        if (
+            not _GPU_COUNT.fullmatch(count)
+            or int(count) > INT_MAX
+            or (found is not None and not _GRES_TYPE.fullmatch(found))
+        ):
+            raise BadFieldError(f"{shown(text)} is not a GPU count")
         total += int(count)
         model = model or found or None
     return total, model
 
 
 def count_array_tasks(spec: str, throttle: int) -> int:
-    """Pending tasks of an array record (``0-99:2%8``): at most the throttle can start at once,
-    so more than that is not demand capacity can serve this tick."""
+    """Pending tasks of an array record (``0-99:2%8``, ``1,3,5-7``): at most the throttle can
+    start at once, so more than that is not demand capacity can serve this tick.
+
+    Read strictly, as Slurm prints it: ranges in ascending order without overlaps, each first <=
+    last with a step >= 1, indices within Slurm's largest array, ASCII digits. Anything else
+    (``5-1``, ``9-0:2``, ``1--3``, ``²``) raises ``ValueError``: a count read from it would be a
+    guess, or negative."""
     if not spec:
         return 1
-    ranges, _, limit = spec.partition("%")
+    ranges, percent, limit = spec.partition("%")
     count = 0
+    previous = -1
     for part in ranges.split(","):
-        span, _, step_text = part.partition(":")
-        first, _, last = span.partition("-")
-        step = int(step_text) if step_text else 1
-        if step <= 0:
+        match = _ARRAY_RANGE.fullmatch(part)
+        if match is None:
             raise ValueError(part)
-        count += 1 if not last else (int(last) - int(first)) // step + 1
-    cap = int(limit) if limit else throttle
+        first = int(match[1])
+        last = first if match[2] is None else int(match[2])
+        step = 1 if match[3] is None else int(match[3])
+        if not previous < first <= last <= MAX_ARRAY_INDEX or step < 1:
+            raise ValueError(part)
+        count += (last - first) // step + 1
+        previous = last
+    if percent and not _ARRAY_THROTTLE.fullmatch(limit):
+        raise ValueError(limit)
+    cap = int(limit) if percent else throttle
     return min(count, cap) if cap > 0 else count
 
 
@@ -400,7 +481,9 @@ class _Memo:
             try:
                 found = count_array_tasks(spec, throttle)
             except ValueError:
-                raise BadFieldError(f"array_task_string '{spec}' is not an array range") from None
+                raise BadFieldError(
+                    f"array_task_string {shown(spec)} is not an array range"
+                ) from None
             self.arrays[(spec, throttle)] = found
         return found
 
@@ -437,8 +520,24 @@ def _int_field(job: Fields, name: str, default: int | None = None) -> int:
     value = job.get(name, default)
     if isinstance(value, dict):
         value = value.get("number")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadFieldError(f"{name} {value!r} is not an integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not INT_MIN <= value <= INT_MAX:
+        raise BadFieldError(f"{name} {shown(value)} is not an integer")
+    return value
+
+
+def _time_field(job: Fields, name: str) -> int:
+    """An epoch time Slurm set: 0 (not yet) up to the year 9999."""
+    value = _int_field(job, name)
+    if not 0 <= value <= MAX_TIME:
+        raise BadFieldError(f"{name} {value} is not a time")
+    return value
+
+
+def _job_id(job: Fields) -> int:
+    """Slurm's job ids are 32-bit unsigned integers, one per record."""
+    value = _int_field(job, "job_id")
+    if not 0 <= value < 2**32:
+        raise BadFieldError(f"job_id {value} is not a job id")
     return value
 
 
@@ -447,7 +546,7 @@ def _str_field(job: Fields, name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise BadFieldError(f"{name} {value!r} is not a string")
+        raise BadFieldError(f"{name} {shown(value)} is not a string")
     return value
 
 
@@ -456,7 +555,7 @@ def _is_pending(state: Any) -> bool:
         return state == PENDING
     if isinstance(state, list):
         return PENDING in state
-    raise BadFieldError(f"job_state {state!r} is not a state")
+    raise BadFieldError(f"job_state {shown(state)} is not a state")
 
 
 def _count_field(job: Fields, name: str) -> int:
@@ -529,6 +628,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
     memo = _Memo(rules)
     qos_high = rules.high_priority_qos
     priority_min = rules.high_priority_min
+    seen: set[int] = set()
     for job in jobs:
         try:
             if not isinstance(job, _JobFields | dict):
@@ -554,15 +654,18 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             copies = memo.array_tasks(
                 _str_field(job, "array_task_string"), _int_field(job, "array_max_tasks", 0)
             )
-            submitted = _int_field(job, "submit_time")
+            submitted = _time_field(job, "submit_time")
+            job_id = _job_id(job)
+            if job_id in seen:
+                raise BadFieldError("is listed twice (the output is corrupted)")
+            seen.add(job_id)
         except BadFieldError as exc:
-            ident = job.get("job_id", "?") if isinstance(job, _JobFields | dict) else "?"
-            raise SourceError(f"squeue --json: job {ident}: {exc}") from None
+            raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         except _SkippedJobError as exc:
-            memo.skipped.append(f"job {job.get('job_id', '?')}: {exc}")
+            memo.skipped.append(f"job {_ident(job)}: {exc}")
             continue
         yield PendingJob(
-            str(job.get("job_id")),
+            str(job_id),
             GroupKey(
                 per_node * nodes,
                 checkpointing.interval_s,
@@ -577,14 +680,21 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             checkpointing.duration_s,
         )
     if memo.skipped:
-        shown = "; ".join(memo.skipped[:SHOWN_SKIPPED])
         more = len(memo.skipped) - SHOWN_SKIPPED
         log.warning(
             "squeue --json: %d pending job(s) not counted as demand: %s%s",
             len(memo.skipped),
-            shown,
+            "; ".join(memo.skipped[:SHOWN_SKIPPED]),
             f" (and {more} more)" if more > 0 else "",
         )
+
+
+def _ident(job: Any) -> str:
+    """The job's id for a message, whatever the record holds there."""
+    if not isinstance(job, _JobFields | dict):
+        return "?"
+    value = job.get("job_id", "?")
+    return value if value == "?" else shown(value)
 
 
 def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
@@ -644,12 +754,13 @@ def active_jobs_on(text: str | bytes, node: str) -> list[str]:
     """Ids of the jobs running (or finishing) on ``node``."""
     found = []
     for job in load_jobs(text):
-        if not isinstance(job, _JobFields | dict):
-            raise SourceError("squeue --json: a job is not a JSON object")
-        state = job.get("job_state")
-        states = state if isinstance(state, list) else [state]
-        if any(s in ACTIVE_STATES for s in states) and node in _job_nodes(job):
-            found.append(str(job.get("job_id")))
+        try:
+            if not isinstance(job, _JobFields | dict):
+                raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
+            if _is_active(job.get("job_state")) and node in _job_nodes(job):
+                found.append(str(_job_id(job)))
+        except BadFieldError as exc:
+            raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
     return found
 
 
@@ -670,14 +781,15 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             if not nodes:
                 raise BadFieldError("is running but names no node")
             gpus = _gpus_by_node(job, nodes, memo)
-            started = _int_field(job, "start_time")
+            if max(gpus) > MAX_GPUS_PER_NODE or min(gpus) < 0:
+                raise BadFieldError(f"holds {max(gpus):,} GPUs of one node")
+            started = _time_field(job, "start_time")
             if started <= 0:
                 raise BadFieldError(f"start_time {started} is not a time")
             checkpointing = memo.checkpointing(_str_field(job, "comment"))
+            job_id = str(_job_id(job))
         except BadFieldError as exc:
-            ident = job.get("job_id", "?") if isinstance(job, _JobFields | dict) else "?"
-            raise SourceError(f"squeue --json: job {ident}: {exc}") from None
-        job_id = str(job.get("job_id"))
+            raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         for node, count in zip(nodes, gpus, strict=True):
             by_node.setdefault(node, []).append(
                 RunningJob(
@@ -698,8 +810,8 @@ def _is_active(state: Any) -> bool:
     if isinstance(state, str):
         return state in ACTIVE_STATES
     if isinstance(state, list):
-        return any(s in ACTIVE_STATES for s in state)
-    raise BadFieldError(f"job_state {state!r} is not a state")
+        return any(isinstance(s, str) and s in ACTIVE_STATES for s in state)
+    raise BadFieldError(f"job_state {shown(state)} is not a state")
 
 
 def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
@@ -711,7 +823,7 @@ def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
         counts = []
         for entry in detail:
             if not isinstance(entry, str):
-                raise BadFieldError(f"gres_detail entry {entry!r} is not a string")
+                raise BadFieldError(f"gres_detail entry {shown(entry)} is not a string")
             try:
                 counts.append(memo.gpus(entry)[0])
             except BadFieldError as exc:
@@ -733,8 +845,8 @@ def _allocated_gpus(tres: str) -> int | None:
     for item in tres.split(","):
         key, _, value = item.partition("=")
         if key.strip() == "gres/gpu":
-            if not value.strip().isdigit():
-                raise BadFieldError(f"tres_alloc_str '{tres}' is not a GPU count")
+            if not _GPU_COUNT.fullmatch(value.strip()) or int(value) > INT_MAX:
+                raise BadFieldError(f"tres_alloc_str {shown(tres)} is not a GPU count")
             return int(value)
     return None
 
@@ -752,14 +864,19 @@ class NodeRules:
 
 def _node_features(item: Mapping[str, Any]) -> list[str]:
     """``features`` as 22.05 prints it (``"a100,gpu80g"``) or as a list (later releases)."""
-    value = item.get("features")
+    return _names(item, "features", "a feature list")
+
+
+def _names(item: Mapping[str, Any], name: str, what: str) -> list[str]:
+    """A list of names, or one string of them separated by commas (absent: none)."""
+    value = item.get(name)
     if value is None:
         return []
     if isinstance(value, str):
         return [f for f in value.split(",") if f]
     if isinstance(value, list) and all(isinstance(f, str) for f in value):
         return list(value)
-    raise BadFieldError(f"features {value!r} is not a feature list")
+    raise BadFieldError(f"{name} {shown(value)} is not {what}")
 
 
 def _node(item: Any, rules: NodeRules) -> NodeGpus:
@@ -773,10 +890,12 @@ def _node(item: Any, rules: NodeRules) -> NodeGpus:
         used, _ = parse_gpu_gres(_str_field(item, "gres_used"))
     except BadFieldError as exc:
         raise BadFieldError(f"gres: {exc}") from None
+    if gpus > MAX_GPUS_PER_NODE or used > MAX_GPUS_PER_NODE:
+        raise BadFieldError(f"gres: {max(gpus, used):,} GPUs on one node")
     state = _str_field(item, "state").lower()
     flags = item.get("state_flags") or []
-    if not isinstance(flags, list):
-        raise BadFieldError(f"state_flags {flags!r} is not a list")
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise BadFieldError(f"state_flags {shown(flags)} is not a list of flags")
     features = _node_features(item)
     schedulable = state not in UNSCHEDULABLE_STATES and not UNSCHEDULABLE_FLAGS.intersection(flags)
     featured_model, memory = node_gpu_facts(
@@ -811,14 +930,38 @@ def read_nodes(
         try:
             node = _node(item, rules)
             in_partition = partitions is None or bool(
-                partitions.intersection(item.get("partitions") or ())
+                partitions.intersection(_names(item, "partitions", "a list of partitions"))
             )
         except BadFieldError as exc:
-            ident = item.get("name", "?") if isinstance(item, dict) else "?"
-            raise SourceError(f"sinfo --json: node {ident}: {exc}") from None
+            raise SourceError(f"sinfo --json: node {_node_ident(item)}: {exc}") from None
         if (node.gpus > 0 or node.cloud) and (in_partition or node.cloud):
             nodes[node.name] = node
     return list(nodes.values())
+
+
+def _node_ident(item: Any) -> str:
+    value = item.get("name", "?") if isinstance(item, dict) else "?"
+    return value if isinstance(value, str) and len(value) <= SHOWN_CHARS else shown(value)
+
+
+def cloud_node_weights(text: str | bytes, cloud_feature: str) -> dict[str, Any]:
+    """Each cloud node's name and Slurm weight, from ``sinfo --json``: what placement compares
+    with the weight it wants. A cloud node without a usable name fails the read, since its name
+    goes into an ``scontrol`` command."""
+    weights: dict[str, Any] = {}
+    for item in load_document(text, "sinfo --json", "nodes"):
+        try:
+            if not isinstance(item, dict):
+                raise BadFieldError(f"is a JSON {type(item).__name__}, not an object")
+            if cloud_feature not in _node_features(item):
+                continue
+            name = _str_field(item, "name")
+            if not NODE_NAME.fullmatch(name):
+                raise BadFieldError(f"name {shown(name)} is not a node name")
+            weights[name] = item.get("weight")
+        except BadFieldError as exc:
+            raise SourceError(f"sinfo --json: node {_node_ident(item)}: {exc}") from None
+    return weights
 
 
 def onprem_nodes(nodes: list[NodeGpus]) -> tuple[OnPremNode, ...]:
