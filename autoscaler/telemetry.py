@@ -5,15 +5,27 @@ The tracker keeps, per GPU, the last time it was seen busy and its recent readin
 idle since the latest of its GPUs' last-busy times once every GPU reads below the threshold. A
 node whose readings are missing or older than ``max_age_s`` is unknown, never idle: a broken
 exporter must not look like an idle fleet.
+
+A reading is taken at face value only within a plausible window: one stamped more than
+``FUTURE_SKEW_S`` after now would otherwise stand as the GPU's latest for good (every real
+reading after it looks older and is ignored, so a busy GPU would stay idle and never go stale).
+Such a node is unknown for the tick and its readings are forgotten, so the next real reading
+starts it afresh. A reading that is not a finite percentage at a finite time makes its node
+unknown for the tick too. The sources refuse both already; the tracker does not rely on it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from autoscaler.sources import GpuSample, NodeUsage
+
+# How far ahead of the controller's clock a reading's time may be (clocks that NTP keeps agree to
+# milliseconds; this allows for a host that drifted, not for a reading from another day).
+FUTURE_SKEW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -38,14 +50,25 @@ class IdleTracker:
         self.window_s = window_s
         self.max_age_s = max_age_s
         self._gpus: dict[tuple[str, str], _Gpu] = {}
+        self._unreadable: set[str] = set()
 
     def observe(self, samples: Iterable[GpuSample]) -> None:
         for sample in samples:
+            if not (math.isfinite(sample.at) and 0.0 <= sample.util_pct <= 100.0):
+                self._unreadable.add(sample.host)
+                continue
             gpu = self._gpus.get((sample.host, sample.gpu))
             if gpu is None:
                 gpu = _Gpu(first_seen=sample.at)
                 self._gpus[(sample.host, sample.gpu)] = gpu
             if gpu.latest is not None and sample.at <= gpu.latest.at:
+                # Not newer than what we hold (the same scrape seen twice, or readings out of
+                # order): it does not move the GPU back in time, but a busy one still says the
+                # GPU was busy then, so idle never dates from before it.
+                if sample.util_pct >= self.idle_util_pct and (
+                    gpu.last_busy is None or sample.at > gpu.last_busy
+                ):
+                    gpu.last_busy = sample.at
                 continue
             gpu.latest = sample
             gpu.recent.append((sample.at, sample.util_pct))
@@ -60,8 +83,17 @@ class IdleTracker:
         hosts: dict[str, list[_Gpu]] = {}
         for (host, _), gpu in self._gpus.items():
             hosts.setdefault(host, []).append(gpu)
+        unreadable, self._unreadable = self._unreadable, set()
+        ahead = {
+            host
+            for host, gpus in hosts.items()
+            if any(g.latest is not None and g.latest.at > now + FUTURE_SKEW_S for g in gpus)
+        }
+        self.forget(ahead)
         result: dict[str, NodeTelemetry] = {}
         for host, gpus in hosts.items():
+            if host in unreadable or host in ahead:
+                continue
             if any(g.latest is None or now - g.latest.at > self.max_age_s for g in gpus):
                 continue
             readings = [util for g in gpus for _, util in g.recent]

@@ -24,7 +24,7 @@ def test_dcgm_exporter_text_gives_one_sample_per_gpu() -> None:
 
 def test_a_timestamp_on_the_line_is_when_the_reading_was_taken() -> None:
     text = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n1"} 12.5 1700000000500\n'
-    (sample,) = parse_gpu_samples(text, at=5.0)
+    (sample,) = parse_gpu_samples(text, at=1_700_000_003.0)
     assert sample.at == pytest.approx(1_700_000_000.5)
     assert sample.util_pct == 12.5
 

@@ -76,11 +76,16 @@ def test_mean_utilisation_stays_within_the_readings_of_the_window(
 
 
 def test_an_old_or_repeated_reading_does_not_move_the_gpu_back_in_time() -> None:
+    """The reading at 150 arrives after the one at 200: the GPU's latest stays the one at 200
+    (idle now, and the window's mean is of the readings in order), but the GPU was busy at 150,
+    so it has been idle only since then (issue 15: busy evidence is never dropped)."""
     tracker = IdleTracker(THRESHOLD, WINDOW, MAX_AGE)
     tracker.observe([GpuSample("h", "0", 90.0, at=100.0)])
     tracker.observe([GpuSample("h", "0", 0.0, at=200.0)])
     tracker.observe([GpuSample("h", "0", 95.0, at=150.0)])
-    assert tracker.nodes(210.0)["h"] == NodeTelemetry(util_pct=45.0, idle_since=100.0)
+    assert tracker.nodes(210.0)["h"] == NodeTelemetry(util_pct=45.0, idle_since=150.0)
+    tracker.observe([GpuSample("h", "0", 0.0, at=200.0)])
+    assert tracker.nodes(210.0)["h"] == NodeTelemetry(util_pct=45.0, idle_since=150.0)
 
 
 def test_forgotten_hosts_leave_no_readings() -> None:

@@ -10,7 +10,8 @@ marks demand or utilisation unknown instead of reading a broken pipeline as "no 
 
 from __future__ import annotations
 
-import json
+import http.client
+import logging
 import math
 import os
 import socket
@@ -19,102 +20,145 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
 from autoscaler.sources import GpuSample, SourceError
+from autoscaler.sources.exposition import MAX_FB_MIB, NUMBER
 from autoscaler.sources.job_shape import ShapeSettings
+from autoscaler.telemetry import FUTURE_SKEW_S
+
+log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
 SHOWN_LABELS = 240
+SHOWN_TEXT = 200
+# More series than any fleet's GPUs or any queue's partitions: an answer this long is a query
+# that matches the wrong thing.
+MAX_SERIES = 250_000
+# More jobs than any queue holds: a count this large is a broken exporter, not demand.
+MAX_JOBS = 100_000_000
 
 
 @dataclass(frozen=True)
 class QuerySample:
-    """One value of an instant query's answer; a scalar answer is one sample without labels."""
+    """One value of an instant query's answer; a scalar answer is one sample without labels.
+    ``value`` is finite from ``parse_query_response``; ``read_query_response`` also gives NaN
+    and infinities, for a reader that leaves such a series out by itself."""
 
     labels: Mapping[str, str]
     at: float
     value: float
 
 
-class _ApiData(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    result_type: Literal["vector", "scalar", "matrix", "string"] = Field(alias="resultType")
-    result: Any
+class _VectorSample(msgspec.Struct):
+    value: tuple[float, str]
+    metric: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class _ApiAnswer(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _ApiData(msgspec.Struct):
+    result_type: Literal["vector", "scalar", "matrix", "string"] = msgspec.field(name="resultType")
+    result: msgspec.Raw
 
+
+class _ApiAnswer(msgspec.Struct):
     status: Literal["success", "error"]
     data: _ApiData | None = None
-    error_type: str | None = Field(None, alias="errorType")
+    error_type: str | None = msgspec.field(default=None, name="errorType")
     error: str | None = None
 
 
-class _VectorSample(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    metric: dict[str, str] = Field(default_factory=dict)
-    value: tuple[float, str]
+_ANSWER = msgspec.json.Decoder(_ApiAnswer)
+_VECTOR = msgspec.json.Decoder(Annotated[list[_VectorSample], msgspec.Meta(max_length=MAX_SERIES)])
+_SCALAR = msgspec.json.Decoder(tuple[float, str])
 
 
 def series_name(labels: Mapping[str, str]) -> str:
     """A series as PromQL writes it, so an error names the series a user can query."""
-    inner = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
-    text = f"{labels.get('__name__', '')}{{{inner}}}"
+    inner = ", ".join(
+        f'{k}="{_escaped(v)}"' for k, v in sorted(labels.items())[:32] if k != "__name__"
+    )
+    text = f"{_escaped(labels.get('__name__', ''))}{{{inner}}}"
     return text if len(text) <= SHOWN_LABELS else text[: SHOWN_LABELS - 3] + "..."
 
 
-def parse_query_response(body: bytes, where: str) -> list[QuerySample]:
-    """The samples of an instant query's answer, every value finite; ``where`` starts every
-    error line (it names the source)."""
+def _escaped(value: str) -> str:
+    """A label value in one line (a value may hold newlines and control characters)."""
+    return repr(value[:SHOWN_LABELS])[1:-1]
+
+
+def one_line(text: str, most: int = SHOWN_TEXT) -> str:
+    """Text a server sent (an error message) as one bounded line."""
+    flat = " ".join(text[: most * 4].split())
+    return flat if len(flat) <= most else flat[: most - 3] + "..."
+
+
+def read_query_response(body: bytes, where: str) -> list[QuerySample]:
+    """The samples of an instant query's answer, decoded strictly: JSON no deeper than the
+    decoder's limit, the API's types (a timestamp is a number, a value a string in Prometheus's
+    float syntax, labels strings), at most ``MAX_SERIES`` series. A value may be NaN or infinite
+    here; ``where`` starts every error line (it names the source)."""
     try:
-        raw = json.loads(body)
-    except (ValueError, RecursionError):
-        raise SourceError(f"{where}: the answer is not JSON") from None
-    try:
-        answer = _ApiAnswer.model_validate(raw)
-    except ValidationError:
-        raise SourceError(f"{where}: the answer is not a Prometheus API response") from None
-    if answer.status == "error":
-        raise SourceError(f"{where}: Prometheus says {answer.error_type}: {answer.error}")
-    if answer.data is None:
-        raise SourceError(f"{where}: the answer has no data")
-    kind, result = answer.data.result_type, answer.data.result
-    try:
+        answer = _ANSWER.decode(body)
+        if answer.status == "error":
+            said = f"{one_line(answer.error_type or '')}: {one_line(answer.error or '')}"
+            raise SourceError(f"{where}: Prometheus says {said}")
+        if answer.data is None:
+            raise SourceError(f"{where}: the answer has no data")
+        kind = answer.data.result_type
         if kind == "scalar":
-            at, text = _VectorSample(value=result).value
+            at, text = _SCALAR.decode(answer.data.result)
             samples = [(dict[str, str](), at, text)]
         elif kind == "vector":
-            if not isinstance(result, list):
-                raise SourceError(f"{where}: the vector answer is not a list")
-            parsed = [_VectorSample.model_validate(item) for item in result]
-            samples = [(s.metric, s.value[0], s.value[1]) for s in parsed]
+            samples = [
+                (s.metric, s.value[0], s.value[1]) for s in _VECTOR.decode(answer.data.result)
+            ]
         else:
             raise SourceError(
                 f"{where}: the query returns a {kind}; it must return an instant vector or a "
                 "scalar (aggregate a range vector, e.g. with max_over_time)"
             )
-    except ValidationError:
-        raise SourceError(f"{where}: the {kind} answer is malformed") from None
-    return [_finite(labels, at, text, where) for labels, at, text in samples]
+    except RecursionError:
+        raise SourceError(
+            f"{where}: the answer is nested deeper than the decoder's limit"
+        ) from None
+    except msgspec.ValidationError as exc:
+        raise SourceError(
+            f"{where}: the answer is not a Prometheus API response ({one_line(str(exc))})"
+        ) from None
+    except msgspec.DecodeError:
+        raise SourceError(f"{where}: the answer is not JSON") from None
+    return [_sample(labels, at, text, where) for labels, at, text in samples]
 
 
-def _finite(labels: dict[str, str], at: float, text: str, where: str) -> QuerySample:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SourceError(f"{where}: series {series_name(labels)} has value {text!r}") from None
-    if not math.isfinite(value):
-        raise SourceError(f"{where}: series {series_name(labels)} is {text}")
-    if not math.isfinite(at):
+def parse_query_response(body: bytes, where: str) -> list[QuerySample]:
+    """The samples of an instant query's answer, every value finite."""
+    samples = read_query_response(body, where)
+    for sample in samples:
+        if not math.isfinite(sample.value):
+            raise SourceError(
+                f"{where}: series {series_name(sample.labels)} is {_prometheus_text(sample.value)}"
+            )
+    return samples
+
+
+def _prometheus_text(value: float) -> str:
+    """NaN and infinities as Prometheus writes them."""
+    if math.isnan(value):
+        return "NaN"
+    return ("+" if value > 0 else "-") + "Inf" if math.isinf(value) else f"{value:g}"
+
+
+def _sample(labels: dict[str, str], at: float, text: str, where: str) -> QuerySample:
+    if not NUMBER.fullmatch(text):
+        raise SourceError(f"{where}: series {series_name(labels)} has value {text[:60]!r}")
+    if not math.isfinite(at) or at < 0:
         raise SourceError(f"{where}: series {series_name(labels)} has no valid timestamp")
+    value = float(text)
     return QuerySample(labels, at, value)
 
 
@@ -127,14 +171,21 @@ class _PrometheusApi:
         self.token_env = token_env
         self.where = where
 
-    def instant(self, query: str, at: float | None = None) -> list[QuerySample]:
+    def instant(
+        self, query: str, at: float | None = None, *, finite: bool = True
+    ) -> list[QuerySample]:
+        """The answer's samples; ``finite=False`` keeps NaN and infinite values for a reader
+        that leaves those series out one by one."""
         params = {"query": query, "timeout": f"{self.timeout_s:g}s"}
         if at is not None:
             params["time"] = repr(at)
         request = urllib.request.Request(
             f"{self.endpoint}?{urllib.parse.urlencode(params)}", headers=self._headers()
         )
-        return parse_query_response(self._fetch(request), self.where)
+        body = self._fetch(request)
+        if finite:
+            return parse_query_response(body, self.where)
+        return read_query_response(body, self.where)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -158,6 +209,10 @@ class _PrometheusApi:
             raise SourceError(f"{self.where}: {self._unreachable(exc.reason)}") from None
         except (TimeoutError, OSError) as exc:
             raise SourceError(f"{self.where}: {self._unreachable(exc)}") from None
+        except http.client.HTTPException as exc:
+            raise SourceError(
+                f"{self.where}: {self.endpoint} did not answer in HTTP ({type(exc).__name__})"
+            ) from None
         if len(body) > MAX_BODY:
             raise SourceError(f"{self.where}: the answer is larger than {MAX_BODY} bytes")
         return body
@@ -165,13 +220,14 @@ class _PrometheusApi:
     def _http_error(self, exc: urllib.error.HTTPError) -> str:
         """Prometheus explains a bad query (400, 422) or an overloaded server (503) in a JSON
         body; that explanation is the useful part of the line."""
-        status = f"HTTP {exc.code} {exc.reason}".strip()
+        status = one_line(f"HTTP {exc.code} {exc.reason}".strip())
         try:
-            detail = _ApiAnswer.model_validate(json.loads(exc.read(MAX_BODY)))
-        except (ValueError, ValidationError, OSError, RecursionError):
+            detail = _ANSWER.decode(exc.read(MAX_BODY))
+        except (msgspec.DecodeError, OSError, RecursionError, http.client.HTTPException):
             return status
         if detail.error:
-            return f"{status}: Prometheus says {detail.error_type}: {detail.error}"
+            said = f"{one_line(detail.error_type or '')}: {one_line(detail.error)}"
+            return f"{status}: Prometheus says {said}"
         return status
 
     def _unreachable(self, reason: object) -> str:
@@ -179,7 +235,7 @@ class _PrometheusApi:
             return f"timed out after {self.timeout_s:g}s"
         if isinstance(reason, OSError) and reason.strerror:
             return f"cannot reach {self.endpoint} ({reason.strerror})"
-        return f"cannot reach {self.endpoint} ({reason})"
+        return f"cannot reach {self.endpoint} ({one_line(str(reason))})"
 
 
 class PrometheusQueueSettings(ShapeSettings):
@@ -227,6 +283,10 @@ def demand_from_samples(
             )
         if sample.value < 0:
             raise SourceError(f"{where}: series {name} is negative ({sample.value:g})")
+        if sample.value > MAX_JOBS:
+            raise SourceError(
+                f"{where}: series {name} is {sample.value:g}, more than {MAX_JOBS:,} jobs"
+            )
         partition = None
         if settings.partition_label is not None:
             partition = sample.labels.get(settings.partition_label)
@@ -236,6 +296,8 @@ def demand_from_samples(
                     "(partition_label)"
                 )
         jobs[partition] = jobs.get(partition, 0) + math.ceil(sample.value)
+    if sum(jobs.values()) > MAX_JOBS:
+        raise SourceError(f"{where}: the answer adds up to more than {MAX_JOBS:,} jobs")
     shape = settings.job_shape()
     return [
         DemandGroup(
@@ -310,39 +372,57 @@ class PrometheusTelemetrySource:
         return cls(parsed, name)
 
     def read_gpus(self, now: float) -> Sequence[GpuSample]:
-        utilisation = self._api.instant(self.settings.query)
+        """Every GPU's latest reading. A series we cannot use (NaN, outside 0-100, a scrape time
+        more than ``FUTURE_SKEW_S`` ahead of now, an impossible memory reading) leaves its host
+        out of this read, as unknown, and the other hosts count; the read fails when no host is
+        left, or when a series names no host or GPU (it could be any host's)."""
+        utilisation = self._api.instant(self.settings.query, finite=False)
         if not utilisation:
             raise SourceError(f"{self.where}: the query {self.settings.query!r} matched no series")
         evaluated = utilisation[0].at
+        if evaluated > now + FUTURE_SKEW_S:
+            raise SourceError(
+                f"{self.where}: the answer is evaluated {evaluated - now:.0f}s after now "
+                f"(clocks more than {FUTURE_SKEW_S:g}s apart)"
+            )
         scraped = {
             _identity(s.labels): s.value
-            for s in self._api.instant(f"timestamp({self.settings.query})", evaluated)
+            for s in self._api.instant(f"timestamp({self.settings.query})", evaluated, finite=False)
         }
         memory: dict[tuple[str, str], float] = {}
         if self.settings.memory_query is not None:
-            for sample in self._api.instant(self.settings.memory_query, evaluated):
+            for sample in self._api.instant(self.settings.memory_query, evaluated, finite=False):
                 memory[self._gpu_of(sample)] = sample.value
         readings: dict[tuple[str, str], GpuSample] = {}
+        problems: dict[str, str] = {}
         for sample in utilisation:
             host, gpu = self._gpu_of(sample)
-            if not 0.0 <= sample.value <= 100.0:
-                raise SourceError(
-                    f"{self.where}: series {series_name(sample.labels)} is {sample.value:g}, "
-                    "not a utilisation percentage"
-                )
+            at = scraped.get(_identity(sample.labels), sample.at)
+            used = memory.get((host, gpu))
+            problem = _unusable(sample, at, used, now)
+            if problem is not None:
+                problems.setdefault(host, f"series {series_name(sample.labels)} {problem}")
+                continue
             reading = GpuSample(
                 host=host,
                 gpu=gpu,
                 util_pct=sample.value,
-                at=scraped.get(_identity(sample.labels), sample.at),
+                at=at,
                 uuid=sample.labels.get(self.settings.uuid_label),
                 model=sample.labels.get(self.settings.model_label),
-                memory_used_mib=memory.get((host, gpu)),
+                memory_used_mib=used,
             )
             known = readings.get((host, gpu))
             if known is None or reading.at > known.at:
                 readings[(host, gpu)] = reading
-        return list(readings.values())
+        kept = [reading for key, reading in readings.items() if key[0] not in problems]
+        if problems:
+            first = next(iter(problems.values()))
+            summary = f"{len(problems)} host(s) left unknown: {first}"
+            if not kept:
+                raise SourceError(f"{self.where}: {summary}")
+            log.warning("%s: %s", self.where, summary)
+        return kept
 
     def _gpu_of(self, sample: QuerySample) -> tuple[str, str]:
         wanted = (self.settings.host_label, self.settings.gpu_label)
@@ -353,6 +433,19 @@ class PrometheusTelemetrySource:
                 f"{' or '.join(repr(m) for m in missing)} label"
             )
         return sample.labels[wanted[0]], sample.labels[wanted[1]]
+
+
+def _unusable(sample: QuerySample, at: float, used: float | None, now: float) -> str | None:
+    """Why one GPU's reading cannot be used, or None."""
+    if not math.isfinite(sample.value):
+        return f"is {_prometheus_text(sample.value)}"
+    if not 0.0 <= sample.value <= 100.0:
+        return f"is {sample.value:g}, not a utilisation percentage"
+    if not (math.isfinite(at) and 0.0 <= at <= now + FUTURE_SKEW_S):
+        return f"was scraped at {at:g}, not a time up to {FUTURE_SKEW_S:g}s from now"
+    if used is not None and not (math.isfinite(used) and 0.0 <= used <= MAX_FB_MIB):
+        return f"has memory used {_prometheus_text(used)} MiB, not a reading"
+    return None
 
 
 def _identity(labels: Mapping[str, str]) -> frozenset[tuple[str, str]]:

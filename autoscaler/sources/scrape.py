@@ -4,11 +4,16 @@
 Targets come from the config, or from a Prometheus ``file_sd`` file (JSON or YAML, re-read when it
 changes) so whatever already keeps Prometheus's target list keeps ours. A target that fails is
 reported on its own and leaves its node without readings (unknown, never idle); the source as a
-whole fails only when every target does.
+whole fails only when every target does and nothing at all was read.
+
+Each target's text is read line by line (``exposition.read_exposition``): a line we cannot use
+leaves out that node's readings for the scrape and marks the target failed with the reason, while
+the other nodes of the same text, and every other target, still count.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import urllib.error
@@ -33,7 +38,7 @@ from pydantic import (
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.inputfile import validate_settings
 from autoscaler.sources import GpuSample, SourceError
-from autoscaler.sources.exposition import UTIL, ExpositionError, parse_gpu_samples
+from autoscaler.sources.exposition import UTIL, ExpositionError, read_exposition
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024
@@ -115,7 +120,7 @@ class ScrapeTelemetrySource:
             summary = f"{len(failed)} of {len(targets)} targets failed: {shown}" + (
                 f"; and {more} more" if more > 0 else ""
             )
-            if len(failed) == len(targets):
+            if len(failed) == len(targets) and not samples:
                 raise SourceError(summary)
             log.warning("scrape %s: %s", self.name, summary)
         return samples
@@ -137,20 +142,26 @@ class ScrapeTelemetrySource:
             return [], f"HTTP {exc.code}"
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            return [], f"unreachable ({reason})"
+            return [], f"unreachable ({str(reason)[:200]})"
+        except http.client.HTTPException as exc:
+            return [], f"not an HTTP answer ({type(exc).__name__})"
+        except ValueError:
+            return [], "not a URL that can be fetched"
         if len(body) > MAX_BODY:
             return [], f"answer larger than {MAX_BODY // (1024 * 1024)} MiB"
         try:
-            samples = parse_gpu_samples(
-                body.decode("utf-8"), at, self.settings.host_label, target.node
-            )
+            read = read_exposition(body.decode("utf-8"), at, self.settings.host_label, target.node)
         except UnicodeDecodeError:
             return [], "answer is not UTF-8 text"
         except ExpositionError as exc:
             return [], str(exc)
-        if not samples:
+        if read.problems:
+            unread = f"{read.unread} line(s) unread, node(s) left unknown: "
+            hosts = ", ".join(sorted(repr(h[:60]) for h in read.unknown_hosts)[:SHOWN_FAILURES])
+            return read.samples, f"{unread}{hosts}; {read.problems[0]}"
+        if not read.samples:
             return [], f"no {UTIL} series (an agent on a node without a GPU serves only up 0)"
-        return samples, None
+        return read.samples, None
 
     def _url(self, target: str) -> str:
         if "://" in target:
