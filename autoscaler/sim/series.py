@@ -13,6 +13,8 @@ class StepSeries:
 
     With ``period`` set the series repeats: time ``t`` reads ``t mod period``. Before the first
     point the first value holds; loaders refuse series that would need that for a price.
+    Times, values and the period are finite, and the period is positive (loaders check their
+    files so that a series is never built otherwise: this raising is a bug).
     """
 
     __slots__ = ("_cumulative", "period", "times", "values")
@@ -24,6 +26,10 @@ class StepSeries:
             raise ValueError("a series needs as many values as times, and at least one")
         if any(b < a for a, b in itertools.pairwise(times)):
             raise ValueError("series times must not go backwards")
+        if not all(math.isfinite(x) for x in itertools.chain(times, values)):
+            raise ValueError("series times and values must be finite")
+        if period is not None and not (math.isfinite(period) and period > 0):
+            raise ValueError(f"a series' period must be positive, got {period!r}")
         self.times = list(times)
         self.values = list(values)
         self.period = period
@@ -55,8 +61,10 @@ class StepSeries:
         origin = self.times[0]
         full_period = self._area_to(origin + self.period)
 
+        period = self.period
+
         def area(t: float) -> float:
-            cycles, rest = divmod(t - origin, self.period or 1.0)
+            cycles, rest = divmod(t - origin, period)
             return cycles * full_period + self._area_to(origin + rest)
 
         return area(end) - area(start)
@@ -70,9 +78,19 @@ class StepSeries:
         cycles, rest = divmod(t - origin, self.period)
         index = bisect_right(self.times, origin + rest)
         base = origin + cycles * self.period
-        if index < len(self.times):
-            return base + (self.times[index] - origin)
-        return base + self.period
+        # rounding may land a step behind ``t``: walk on until past it, so callers that loop on
+        # next_change always advance
+        for _ in range(len(self.times) + 2):
+            if index < len(self.times):
+                change = base + (self.times[index] - origin)
+                index += 1
+            else:
+                base += self.period
+                change = base
+                index = bisect_right(self.times, origin)
+            if change > t:
+                return change
+        return math.nextafter(t, math.inf)
 
     def minimum(self, start: float, end: float) -> float:
         """The smallest value taken anywhere in [start, end)."""
