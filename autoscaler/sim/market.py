@@ -7,12 +7,16 @@
   zones' latest prices at each change.
 * Availability: the run-length-encoded spot availability traces. A 1-node trace says whether a
   spot instance could be had at all (capacity unlimited or none); a multi-node trace caps the
-  pool at the number of instances available.
+  pool at the number of instances available. A trace's runs last at least ``MIN_RUN_S`` each
+  and do not overlap (the shipped traces' shortest run is 150 s), so a replay meets at most one
+  capacity change a minute, however the trace loops.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +27,9 @@ from autoscaler.errors import InputError
 from autoscaler.sim.series import StepSeries
 
 PRICE_COLUMNS = ("timestamp", "cloud", "region", "instance_type")
+MIN_RUN_S = 60.0
+MAX_TRACKED = 100_000  # nodes an availability trace may say it tracked
+_TRACKED = re.compile(r"^([0-9]{1,6})(?:-|$)")
 
 
 @dataclass(frozen=True)
@@ -127,23 +134,25 @@ class AvailabilityFile:
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
-        self._runs: dict[str, list[tuple[float, float, float, int]]] = {}
+        self._runs: dict[str, list[tuple[float, float, float, int, int]]] = {}
         for row in read_rows(
             path,
             ("trace_id", "nodes_tracked", "start_elapsed_s", "duration_s", "available_instances"),
         ):
-            tracked = row.text("nodes_tracked").split("-", 1)[0]
-            if not tracked.isdigit():
+            tracked = _TRACKED.match(row.text("nodes_tracked"))
+            if tracked is None or not 0 < int(tracked.group(1)) <= MAX_TRACKED:
                 raise row.error(
                     "nodes_tracked",
-                    f"expected a count such as '1-node', got {row.text('nodes_tracked')!r}",
+                    f"expected a count from 1 to {MAX_TRACKED:,} such as '1-node', got "
+                    f"{row.text('nodes_tracked')[:40]!r}",
                 )
             self._runs.setdefault(row.text("trace_id"), []).append(
                 (
                     row.number("start_elapsed_s", minimum=0),
-                    row.number("duration_s", minimum=0),
-                    row.number("available_instances", minimum=0),
-                    int(tracked),
+                    row.number("duration_s", minimum=MIN_RUN_S),
+                    row.number("available_instances", minimum=0, maximum=MAX_TRACKED),
+                    int(tracked.group(1)),
+                    row.line,
                 )
             )
 
@@ -151,8 +160,16 @@ class AvailabilityFile:
         runs = sorted(self._runs.get(trace_id, []))
         if not runs:
             raise InputError(self.path, f"no availability runs for trace {trace_id!r}")
-        times = [start - offset_s for start, _, _, _ in runs]
-        values = [available for _, _, available, _ in runs]
-        end = max(start + duration for start, duration, _, _ in runs) - offset_s
+        for (start, duration, _, _, _), (next_start, _, _, _, line) in itertools.pairwise(runs):
+            if next_start < start + duration:
+                raise InputError(
+                    f"{self.path}:{line}",
+                    f"this run of trace {trace_id!r} starts at {next_start:g} s, before the "
+                    f"run before it ends ({start + duration:g} s)",
+                    field="start_elapsed_s",
+                )
+        times = [start - offset_s for start, _, _, _, _ in runs]
+        values = [available for _, _, available, _, _ in runs]
+        end = max(start + duration for start, duration, _, _, _ in runs) - offset_s
         series = StepSeries(times, values, period=(end - times[0]) if loop else None)
         return AvailabilityTrace(trace_id, runs[0][3], series)

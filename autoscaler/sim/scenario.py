@@ -4,19 +4,30 @@ It names the trace and the window to replay, what the trace does not record (whi
 checkpoint, how often and for how long; which are high priority), the on-prem fleet, the
 controller config with its pools, where each pool's prices and interruptions come from, and the
 policies to compare. Paths are relative to the scenario file.
+
+Besides the numeric rule of every YAML file (``autoscaler.inputfile``), a scenario is bounded so
+that a replay always ends in reasonable time: the window is at most a year and a day and at most
+``MAX_REPLAY_TICKS`` controller ticks, a tick is at least a second, a checkpoint interval at
+least a second, an interruption rate at most ``MAX_RATE_PER_HOUR`` an hour, the lower bound's
+bins at least a minute, and the on-prem fleet at most ``MAX_ONPREM_NODES`` nodes of at most
+``MAX_NODE_GPUS`` GPUs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -24,9 +35,31 @@ from pydantic import (
 from autoscaler.config import ControllerConfig
 from autoscaler.csvfile import parse_timestamp
 from autoscaler.errors import InputError
-from autoscaler.inputfile import read_yaml, validate_document, validate_settings
+from autoscaler.inputfile import (
+    LocatedDocument,
+    read_yaml,
+    relocate,
+    validate_document,
+    validate_settings,
+)
 from autoscaler.model import Frozen, Name
 from autoscaler.sim.synthetic import SyntheticTraceSpec
+
+DAY = 86_400.0
+MAX_WINDOW_S = 366 * DAY
+MAX_REPLAY_TICKS = 1_000_000
+MAX_RATE_PER_HOUR = 100.0
+MAX_ONPREM_NODES = 50_000
+MAX_NODE_GPUS = 1024
+
+
+def _printable(value: str) -> str:
+    if not value or len(value) > 4096 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("expected printable text without control characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_printable)]
 
 
 class JobMatch(Frozen):
@@ -69,7 +102,7 @@ class CheckpointRule(Frozen):
 
     match: JobMatch = JobMatch()
     fraction: float = Field(1.0, ge=0, le=1)
-    interval_s: PositiveFloat
+    interval_s: float = Field(ge=1)
     duration_s: NonNegativeFloat = 0.0
 
     def describe(self) -> str:
@@ -86,13 +119,22 @@ class TraceSpec(Frozen):
     """Where the jobs come from (a trace ``file``, or a ``synthetic`` trace generated from a
     seed, see autoscaler/sim/synthetic.py) and which window of it to replay."""
 
-    file: str | None = None
+    file: Text | None = None
     synthetic: SyntheticTraceSpec | None = None
-    busiest_days: PositiveFloat | None = None
+    busiest_days: float | None = Field(None, gt=0, le=MAX_WINDOW_S / DAY)
     window_start_s: NonNegativeFloat | None = None
     window_end_s: PositiveFloat | None = None
     include_running_at_start: bool = True
     max_jobs: PositiveInt | None = None
+
+    @property
+    def window_s(self) -> float | None:
+        """The replayed window's length when the scenario fixes it (else the trace's span)."""
+        if self.busiest_days is not None:
+            return self.busiest_days * DAY
+        if self.window_start_s is not None and self.window_end_s is not None:
+            return self.window_end_s - self.window_start_s
+        return None
 
     @model_validator(mode="after")
     def _one_source(self) -> TraceSpec:
@@ -114,36 +156,42 @@ class TraceSpec(Frozen):
             and self.window_end_s <= self.window_start_s
         ):
             raise ValueError("window_end_s must be after window_start_s")
+        window = self.window_s
+        if window is not None and window > MAX_WINDOW_S:
+            raise ValueError(
+                f"the window is {window / DAY:,.1f} days long; at most "
+                f"{MAX_WINDOW_S / DAY:.0f} days are replayed"
+            )
         return self
 
 
 class OnPremNodeSpec(Frozen):
     name: Name
-    gpus: PositiveInt
-    gpu_model: str | None = None
-    count: PositiveInt = 1
+    gpus: int = Field(gt=0, le=MAX_NODE_GPUS)
+    gpu_model: Annotated[str, Field(max_length=128), AfterValidator(_printable)] | None = None
+    count: int = Field(1, gt=0, le=MAX_ONPREM_NODES)
 
 
 class PoolMarket(Frozen):
-    price_zone: str | None = None
+    price_zone: Text | None = None
     price_per_hour: NonNegativeFloat | None = None
-    availability_trace: str | None = None
+    availability_trace: Text | None = None
     availability_offset_s: NonNegativeFloat = 0.0
     availability_loop: bool = True
-    interruption_rate_per_hour: NonNegativeFloat | None = None
+    interruption_rate_per_hour: float | None = Field(None, ge=0, le=MAX_RATE_PER_HOUR)
 
 
 class MarketSpec(Frozen):
-    price_files: tuple[str, ...] = ()
-    availability_file: str | None = None
-    advisor_file: str | None = None
-    advisor_snapshot: str | None = None
+    price_files: tuple[Text, ...] = ()
+    availability_file: Text | None = None
+    advisor_file: Text | None = None
+    advisor_snapshot: Text | None = None
     pools: dict[str, PoolMarket] = Field(default_factory=dict)
 
 
 class PolicySpec(Frozen):
-    name: str
-    label: str | None = None
+    name: Name
+    label: Annotated[str, Field(max_length=128), AfterValidator(_printable)] | None = None
     params: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -153,7 +201,7 @@ class PolicySpec(Frozen):
 
 class LowerBoundSpec(Frozen):
     enabled: bool = True
-    bin_seconds: PositiveFloat = 300.0
+    bin_seconds: float = Field(300.0, ge=60)
 
 
 class Scenario(Frozen):
@@ -167,7 +215,7 @@ class Scenario(Frozen):
     checkpointing: tuple[CheckpointRule, ...] = ()
     high_priority: JobMatch | None = None
     onprem: tuple[OnPremNodeSpec, ...] = ()
-    notice_lead_s: dict[str, NonNegativeFloat] = Field(
+    notice_lead_s: dict[str, Annotated[float, Field(ge=0, le=DAY)]] = Field(
         default_factory=lambda: {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
     )
     controller: ControllerConfig
@@ -185,6 +233,31 @@ class Scenario(Frozen):
                 f"expected an ISO-8601 time such as 2023-05-15T00:00:00Z, got {value!r}"
             ) from None
         return value
+
+    @field_validator("onprem")
+    @classmethod
+    def _fleet_is_bounded(cls, onprem: tuple[OnPremNodeSpec, ...]) -> tuple[OnPremNodeSpec, ...]:
+        nodes = sum(node.count for node in onprem)
+        if nodes > MAX_ONPREM_NODES:
+            raise ValueError(f"{nodes:,} nodes in all; at most {MAX_ONPREM_NODES:,}")
+        return onprem
+
+    @field_validator("controller")
+    @classmethod
+    def _replay_is_bounded(
+        cls, controller: ControllerConfig, info: ValidationInfo
+    ) -> ControllerConfig:
+        tick = controller.tick_seconds
+        if tick < 1:
+            raise ValueError(f"tick_seconds is {tick:g}; a replay ticks at most once a second")
+        trace = info.data.get("trace")
+        window = trace.window_s if isinstance(trace, TraceSpec) else None
+        if window is not None and window / tick > MAX_REPLAY_TICKS:
+            raise ValueError(
+                f"the trace window is {window / tick:,.0f} ticks of {tick:g} s; at most "
+                f"{MAX_REPLAY_TICKS:,} are replayed: raise tick_seconds or shorten the window"
+            )
+        return controller
 
     @model_validator(mode="after")
     def _pools_exist(self) -> Scenario:
@@ -208,12 +281,31 @@ class Scenario(Frozen):
 
 
 class LoadedScenario:
-    """A validated scenario and the folder its relative paths are resolved against."""
+    """A validated scenario and the folder its relative paths are resolved against; with the
+    document it was read from, errors about its fields can name their lines (``locating``)."""
 
-    def __init__(self, scenario: Scenario, base: Path, source: str) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        base: Path,
+        source: str,
+        document: LocatedDocument | None = None,
+    ) -> None:
         self.scenario = scenario
         self.base = base
         self.source = source
+        self.document = document
+
+    @contextmanager
+    def locating(self) -> Iterator[None]:
+        """An ``InputError`` about one of the scenario's fields (``controller.pools[0]``, raised
+        by code that knew only the field) leaves this block naming the field's line too."""
+        try:
+            yield
+        except InputError as exc:
+            if self.document is None:
+                raise
+            raise relocate(exc, self.document) from None
 
     def derive(self, **changes: Any) -> LoadedScenario:
         """The same scenario with some top-level fields replaced (models or plain dicts), checked
@@ -223,7 +315,7 @@ class LoadedScenario:
         for key, value in changes.items():
             data[key] = value.model_dump() if isinstance(value, BaseModel) else value
         scenario = validate_settings(Scenario, data, field="", where=self.source)
-        return LoadedScenario(scenario, self.base, self.source)
+        return LoadedScenario(scenario, self.base, self.source, self.document)
 
     def path(self, relative: str) -> Path:
         candidate = Path(relative)
@@ -234,7 +326,7 @@ def load_scenario(path: Path | str) -> LoadedScenario:
     path = Path(path)
     document = read_yaml(path)
     scenario = validate_document(Scenario, document)
-    return LoadedScenario(scenario, path.resolve().parent, str(path))
+    return LoadedScenario(scenario, path.resolve().parent, str(path), document)
 
 
 def default_scenario_path() -> Path:

@@ -16,10 +16,13 @@ from pathlib import Path
 from autoscaler.csvfile import Row, read_rows
 from autoscaler.errors import InputError
 from autoscaler.model import NodeShape
-from autoscaler.sim.scenario import CheckpointRule, JobMatch, TraceSpec
+from autoscaler.sim.scenario import DAY, MAX_WINDOW_S, CheckpointRule, JobMatch, TraceSpec
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")
-DAY = 86_400.0
+# A replay covers at most MAX_WINDOW_S (a year and a day), and one job asks for at most this many
+# GPUs: beyond either, the input is a mistake (a year 9999 submit time, a GPU count with extra
+# digits), not a workload, and replaying it would run for hours before saying anything useful.
+MAX_JOB_GPUS = 65_536
 
 
 @dataclass(slots=True)
@@ -119,7 +122,7 @@ def _nodes(row: Row, gpus: int, largest_node: int | None) -> tuple[int, int]:
     asking the same number of GPUs (12 GPUs on 8-GPU nodes: 2 nodes of 6)."""
     text = row.text("num_nodes") if "num_nodes" in row.values else ""
     if text:
-        nodes = row.integer("num_nodes", minimum=1)
+        nodes = row.integer("num_nodes", minimum=1, maximum=gpus)
         if gpus % nodes:
             raise row.error(
                 "num_nodes",
@@ -161,41 +164,44 @@ def load_trace(
         if job_id in seen:
             raise row.error("job_id", f"job id {job_id!r} appears twice")
         seen.add(job_id)
-        gpus = row.integer("num_gpus", minimum=0)
-        if gpus == 0:
-            skipped["no GPU requested"] = skipped.get("no GPU requested", 0) + 1
-            continue
-        if not row.text("duration_s"):
-            skipped["never started (no duration)"] = (
-                skipped.get("never started (no duration)", 0) + 1
-            )
-            continue
-        if not row.text("submit_time_s"):
-            skipped["no submit time"] = skipped.get("no submit time", 0) + 1
-            continue
+        gpus = row.integer("num_gpus", minimum=0, maximum=MAX_JOB_GPUS)
+        # Every number of every row is checked, those of rows skipped below too: a damaged row
+        # is refused wherever it is, never passed over without a word.
+        submit = row.optional_number("submit_time_s", minimum=0)
+        started = row.optional_number("start_time_s", minimum=0)
+        duration = row.optional_number("duration_s", minimum=0)
         fraction = (
-            row.optional_number("gpu_fraction", minimum=0) if "gpu_fraction" in row.values else None
+            row.optional_number("gpu_fraction", minimum=0, maximum=1)
+            if "gpu_fraction" in row.values
+            else None
         )
-        if fraction is not None and fraction > 1:
-            raise row.error(
-                "gpu_fraction", f"expected a share of a GPU between 0 and 1, got {fraction:g}"
-            )
-        preemptible = row.text("preemptible") if "preemptible" in row.values else ""
-        if preemptible not in ("", "0", "1"):
-            raise row.error("preemptible", f"expected 0 or 1, got {preemptible!r}")
-        nodes, gpus = _nodes(row, gpus, largest_node)
         memory = (
             row.optional_number("min_gpu_memory_gib", minimum=0)
             if "min_gpu_memory_gib" in row.values
             else None
         )
+        preemptible = row.text("preemptible") if "preemptible" in row.values else ""
+        if preemptible not in ("", "0", "1"):
+            raise row.error("preemptible", f"expected 0 or 1, got {preemptible[:40]!r}")
+        if gpus == 0:
+            skipped["no GPU requested"] = skipped.get("no GPU requested", 0) + 1
+            continue
+        if duration is None:
+            skipped["never started (no duration)"] = (
+                skipped.get("never started (no duration)", 0) + 1
+            )
+            continue
+        if submit is None:
+            skipped["no submit time"] = skipped.get("no submit time", 0) + 1
+            continue
+        nodes, gpus = _nodes(row, gpus, largest_node)
         raws.append(
             _Raw(
                 row=row,
                 id=job_id,
-                submit=row.number("submit_time_s", minimum=0),
-                start=row.optional_number("start_time_s", minimum=0),
-                duration=row.number("duration_s", minimum=0),
+                submit=submit,
+                start=started,
+                duration=duration,
                 gpus=gpus,
                 utilisation=fraction if fraction else 1.0,
                 priority_class=row.text("priority_class") if "priority_class" in row.values else "",
@@ -214,6 +220,13 @@ def load_trace(
     else:
         start = spec.window_start_s if spec.window_start_s is not None else submits[0]
         end = spec.window_end_s if spec.window_end_s is not None else submits[-1] + 1.0
+    if end - start > MAX_WINDOW_S:
+        raise InputError(
+            str(path),
+            f"the replayed window is {(end - start) / DAY:,.1f} days long; at most "
+            f"{MAX_WINDOW_S / DAY:.0f} are replayed: set trace.window_start_s and window_end_s "
+            "or busiest_days in the scenario",
+        )
     jobs: list[TraceJob] = []
     for raw in raws:
         carried = False
@@ -251,4 +264,10 @@ def load_trace(
     jobs.sort(key=lambda j: (j.submit, j.id))
     if spec.max_jobs is not None:
         jobs = jobs[: spec.max_jobs]
+    if not jobs:
+        raise InputError(
+            str(path),
+            f"no GPU job is submitted or running in the replayed window ({start:g} s to "
+            f"{end:g} s of the trace)",
+        )
     return TraceSelection(str(path), jobs, start, end, skipped)
