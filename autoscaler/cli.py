@@ -7,15 +7,20 @@ never a traceback (``--debug`` shows one for bugs).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from autoscaler.errors import InputError, describe
 from autoscaler.model import Pool
+
+if TYPE_CHECKING:
+    from autoscaler.sim.scenario import LoadedScenario
 
 EXIT_BAD_INPUT = 2
 
@@ -29,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # one line whatever the message carries (a value quoted from a file may hold newlines)
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -150,9 +156,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """A scenario (it has a ``controller``) is checked as ``report`` reads it; a controller
+    config is built as ``run`` and ``plan`` build it (``autoscaler.wiring.check_config``)."""
     from autoscaler.config import config_from_document
-    from autoscaler.inputfile import read_yaml
+    from autoscaler.inputfile import read_yaml, relocate
     from autoscaler.policy import load_policy
+    from autoscaler.wiring import check_config
 
     document = read_yaml(args.file)
     if isinstance(document.data, dict) and "controller" in document.data:
@@ -162,13 +171,19 @@ def _validate(args: argparse.Namespace) -> int:
 
         loaded = load_scenario(args.file)
         for index, spec in enumerate(loaded.scenario.policies):
-            load_policy(
-                spec.name,
-                spec.params,
-                where=str(args.file),
-                field_prefix=f"policies[{index}].params",
-            )
-        prepared = prepare(loaded)
+            try:
+                load_policy(
+                    spec.name,
+                    spec.params,
+                    where=str(args.file),
+                    field_prefix=f"policies[{index}].params",
+                )
+            except InputError as exc:
+                raise relocate(
+                    exc, document, (("policy.name", ("policies", index, "name")),)
+                ) from None
+        with loaded.locating():
+            prepared = prepare(loaded)
         scenario = loaded.scenario
         _warn_unknown_models(args.file, "controller.pools", scenario.controller.pools)
         unhostable = check_hostable(prepared)
@@ -181,7 +196,7 @@ def _validate(args: argparse.Namespace) -> int:
         )
         return 0
     config = config_from_document(document)
-    load_policy(config.policy.name, config.policy.params, where=str(args.file))
+    check_config(config, where=str(args.file))
     _warn_unknown_models(args.file, "pools", config.pools)
     print(
         f"{args.file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
@@ -211,7 +226,6 @@ def _run(args: argparse.Namespace) -> int:
     from autoscaler.health import Readiness, StatusServer
     from autoscaler.logs import configure
     from autoscaler.metrics import Metrics
-    from autoscaler.policy import load_policy
     from autoscaler.runner import Background, Runner
     from autoscaler.wiring import (
         build_inbox,
@@ -219,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
         build_lock,
         build_providers,
         build_signals,
+        load_configured_policy,
         read_postgres_dsn,
     )
 
@@ -226,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     where = str(args.config)
     config = load_config(args.config)
     clock = SystemClock()
-    policy = load_policy(config.policy.name, config.policy.params, where=where)
+    policy = load_configured_policy(config, where)
     dsn = read_postgres_dsn(config, where)
     providers = build_providers(config, where=where)
     wiring = build_signals(config, where=where)
@@ -328,6 +343,14 @@ def _report(args: argparse.Namespace) -> int:
         raise InputError(
             "report", "--since, --until and --compare-scenario go with a journal (--journal)"
         )
+    from autoscaler.sim.scenario import default_scenario_path, load_scenario
+
+    loaded = load_scenario(args.scenario or default_scenario_path())
+    with loaded.locating():
+        return _replay_report(args, loaded)
+
+
+def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
     from tqdm import tqdm
 
     from autoscaler.report.build import DEFAULT_POLICY, build_report
@@ -336,9 +359,7 @@ def _report(args: argparse.Namespace) -> int:
     from autoscaler.sim.engine import prepare, simulate
     from autoscaler.sim.hostable import check_hostable
     from autoscaler.sim.lowerbound import compute_lower_bounds
-    from autoscaler.sim.scenario import default_scenario_path, load_scenario
 
-    loaded = load_scenario(args.scenario or default_scenario_path())
     scenario = loaded.scenario
     specs = list(enumerate(scenario.policies))
     if args.policy:
@@ -394,10 +415,32 @@ def _report(args: argparse.Namespace) -> int:
         else compute_lower_bounds(prepared)
     )
     report = build_report(prepared, results, bounds, flipped)
+    where = _non_finite(report.model_dump())
+    if where is not None:  # validated inputs never lead here: a bug, and no report is written
+        raise ArithmeticError(f"the report's figure {where} is not a finite number")
     written = write_report(report, args.out)
     print(summary_markdown(report))
     print("\nwritten: " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _non_finite(value: object, at: str = "") -> str | None:
+    """Where the first NaN or infinite figure of a dumped report is, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at or "(top level)"
+    if isinstance(value, dict):
+        items: list[tuple[str, object]] = [
+            (f"{at}.{k}" if at else str(k), v) for k, v in value.items()
+        ]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{at}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, inner in items:
+        found = _non_finite(inner, where)
+        if found is not None:
+            return found
+    return None
 
 
 if __name__ == "__main__":

@@ -1,25 +1,62 @@
-"""The controller's one YAML config file and its validation."""
+"""The controller's one YAML config file and its validation.
+
+A config read from a file keeps the document it came from, so the code that builds the
+controller's parts from it (``autoscaler.wiring``) can name the file and line of a setting its
+providers and sources refuse, as pydantic's own errors do.
+"""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    field_validator,
+    PrivateAttr,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from autoscaler.catalog import gpu_facts
+from autoscaler.errors import InputError
 from autoscaler.gpus import memory_gib
-from autoscaler.inputfile import LocatedDocument, read_yaml, validate_document
+from autoscaler.inputfile import Loc, LocatedDocument, read_yaml, relocate, validate_document
 from autoscaler.model import Frozen, Name, Pool, gpu_model_matches
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_PLACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$")
+_PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
+
+
+def _env_name(value: str) -> str:
+    """A field that names an environment variable. A value that is not a name may be the
+    secret itself pasted by mistake, so the error never quotes it (the ``no_echo`` prefix tells
+    ``autoscaler.inputfile`` to leave the value out)."""
+    if not _ENV_NAME.match(value):
+        raise PydanticCustomError(
+            "no_echo_env_name",
+            "expected the NAME of an environment variable (letters, digits and _), not its "
+            "value; the value given is not shown in case it is a secret",
+        )
+    return value
+
+
+def _path(value: Path) -> Path:
+    text = str(value)
+    if not text or len(text) > 4096 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise ValueError("expected a file path of printable characters")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+FilePath = Annotated[Path, AfterValidator(_path)]
 
 
 class Limits(Frozen):
@@ -58,8 +95,8 @@ class SourceConfig(Frozen):
     the source checks itself. One source may play several roles (Slurm is a queue, the node source
     and the scheduler); ``roles`` narrows them, and by default it plays every role it can."""
 
-    kind: str
-    name: str | None = None
+    kind: Name
+    name: Name | None = None
     roles: tuple[SourceRole, ...] | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
 
@@ -69,7 +106,7 @@ class TelemetryConfig(Frozen):
     ``idle_util_pct``; utilisation is the mean over ``window_s``; a node with no reading newer
     than ``max_age_s`` is unknown (never idle)."""
 
-    idle_util_pct: NonNegativeFloat = 5.0
+    idle_util_pct: float = Field(5.0, ge=0, le=100)
     window_s: PositiveFloat = 600.0
     max_age_s: PositiveFloat = 180.0
 
@@ -85,10 +122,10 @@ class InboxConfig(Frozen):
     config itself; TLS when ``tls_cert`` and ``tls_key`` are set."""
 
     listen: Listen = Listen(port=8081)
-    token_env: str = "GPU_AUTOSCALER_TOKEN"
-    token_file: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
+    token_env: EnvName = "GPU_AUTOSCALER_TOKEN"
+    token_file: FilePath | None = None
+    tls_cert: FilePath | None = None
+    tls_key: FilePath | None = None
 
     @model_validator(mode="after")
     def _both_tls_files(self) -> InboxConfig:
@@ -103,8 +140,8 @@ class JournalConfig(Frozen):
     carries a password, so it never sits in the config)."""
 
     enabled: bool = True
-    sqlite_path: Path = Path("gpu-autoscaler-journal.db")
-    postgres_dsn_env: str | None = None
+    sqlite_path: FilePath = Path("gpu-autoscaler-journal.db")
+    postgres_dsn_env: EnvName | None = None
 
 
 class LeaderKind(StrEnum):
@@ -121,7 +158,7 @@ class LeaderConfig(Frozen):
 
     kind: LeaderKind = LeaderKind.AUTO
     name: Name = "gpu-autoscaler"
-    namespace: str | None = None
+    namespace: Name | None = None
     lease_seconds: PositiveFloat = 15.0
 
 
@@ -156,7 +193,7 @@ class ControllerConfig(Frozen):
     fleet_id: Name
     tick_seconds: PositiveFloat = 60.0
     policy: PolicyConfig = PolicyConfig()
-    providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    providers: dict[Name, dict[str, Any]] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = ()
     telemetry: TelemetryConfig = TelemetryConfig()
     interruptions: InterruptionConfig = InterruptionConfig()
@@ -164,17 +201,15 @@ class ControllerConfig(Frozen):
     metrics: MetricsConfig | None = None
     journal: JournalConfig = JournalConfig()
     leader: LeaderConfig = LeaderConfig()
-    pools: tuple[Pool, ...] = ()
+    pools: tuple[Annotated[Pool, AfterValidator(_checked_pool)], ...] = ()
     limits: Limits = Limits()
     capacity_cache_ttl_s: NonNegativeFloat = 300.0
     risky_pool_ttl_s: NonNegativeFloat = 3600.0
     drain_timeout_s: NonNegativeFloat = 3600.0
     request_timeout_s: PositiveFloat = 600.0
 
-    @field_validator("pools", mode="after")
-    @classmethod
-    def _gpus_from_catalog(cls, pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
-        return tuple(with_catalog_gpus(pool) for pool in pools)
+    _document: LocatedDocument | None = PrivateAttr(None)
+    _at: Loc = PrivateAttr(())
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> ControllerConfig:
@@ -209,6 +244,31 @@ class ControllerConfig(Frozen):
                 return pool
         raise KeyError(name)
 
+    def located(
+        self, error: InputError, renames: tuple[tuple[str, Loc], ...] = (), default: Loc = ()
+    ) -> InputError:
+        """``error``, raised by a part built from this config that knew only the dotted field
+        (``pools[0].options.subnets``), pointed at the file and line of that field; unchanged
+        for a config that was not read from a file. ``renames`` map the raiser's field names
+        onto the config's (see ``autoscaler.inputfile.relocate``)."""
+        if self._document is None:
+            return error
+        return relocate(error, self._document, renames, default=default, at=self._at)
+
+
+def _checked_pool(pool: Pool) -> Pool:
+    """A pool's places and instance type are names a cloud API takes (no spaces or control
+    characters, at most 128), then its GPUs are filled from the catalog."""
+    for name in ("region", "zone", "instance_type"):
+        value = getattr(pool, name)
+        if value is not None and not _PLACE.match(value):
+            raise ValueError(
+                f"{name}: expected up to 128 letters, digits and _ . : / + - (got {value[:40]!r})"
+            )
+    if pool.gpu_model is not None and not _PRINTABLE.match(pool.gpu_model):
+        raise ValueError("gpu_model: expected up to 128 printable characters")
+    return with_catalog_gpus(pool)
+
 
 def with_catalog_gpus(pool: Pool) -> Pool:
     """The pool with its GPU model and memory per GPU filled from the shipped catalog of its
@@ -242,7 +302,8 @@ def load_config(path: Path | str) -> ControllerConfig:
     return config_from_document(read_yaml(path))
 
 
-def config_from_document(
-    document: LocatedDocument, at: tuple[int | str, ...] = ()
-) -> ControllerConfig:
-    return validate_document(ControllerConfig, document, at=at)
+def config_from_document(document: LocatedDocument, at: Loc = ()) -> ControllerConfig:
+    config = validate_document(ControllerConfig, document, at=at)
+    config._document = document
+    config._at = at
+    return config

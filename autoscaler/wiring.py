@@ -3,13 +3,18 @@ their entry point groups, and each checks its own settings.
 
 A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; a source class
 ``from_config(settings, name)``, returning an object whose methods say which roles it can play
-(queue, node source, telemetry, scheduler). Both raise ``InputError`` naming the field.
+(queue, node source, telemetry, scheduler). Both raise ``InputError`` naming the field; errors
+are pointed here at the file and line of that field when the config was read from a file.
+
+``check_config`` builds exactly these parts and closes them again, contacting nothing:
+``gpu-autoscaler validate`` accepts what ``run`` and ``plan`` build.
 """
 
 from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +26,7 @@ from autoscaler.journal import Journal, JournalError, open_journal
 from autoscaler.leader import LeaderLock, SoleReplica
 from autoscaler.logs import register_secret
 from autoscaler.observe import Signals
-from autoscaler.policy import PROVIDER_GROUP, load_entry_point
+from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.provider import Provider
 from autoscaler.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
 from autoscaler.telemetry import IdleTracker
@@ -33,17 +38,59 @@ def build_providers(config: ControllerConfig, where: str = "config") -> dict[str
     names = sorted({p.provider for p in config.pools} | set(config.providers))
     providers: dict[str, Provider] = {}
     for name in names:
-        cls: Any = load_entry_point(PROVIDER_GROUP, name, "provider")
-        factory = getattr(cls, "from_config", None)
-        if factory is None:
-            raise InputError(
-                where,
-                f"the provider {name!r} runs only inside the simulator",
-                field=f"providers.{name}",
-            )
-        pools = [p for p in config.pools if p.provider == name]
-        providers[name] = factory(config.providers.get(name, {}), pools, config.fleet_id)
+        indices = [i for i, p in enumerate(config.pools) if p.provider == name]
+        # a provider numbers its own pools; the config numbers them all
+        renames = tuple((f"pools[{k}]", ("pools", i)) for k, i in enumerate(indices))
+        named_at = ("providers", name) if name in config.providers else ("pools", indices[0])
+        try:
+            cls: Any = load_entry_point(PROVIDER_GROUP, name, "provider")
+            factory = getattr(cls, "from_config", None)
+            if factory is None:
+                raise InputError(
+                    where,
+                    f"the provider {name!r} runs only inside the simulator",
+                    field=f"providers.{name}",
+                )
+            pools = [config.pools[i] for i in indices]
+            providers[name] = factory(config.providers.get(name, {}), pools, config.fleet_id)
+        except InputError as exc:
+            close_all(providers.values())
+            raise config.located(
+                exc, (("provider.name", named_at), *renames), default=named_at
+            ) from None
     return providers
+
+
+def load_configured_policy(config: ControllerConfig, where: str = "config") -> Policy:
+    """The config's policy, built from its params; a bad name or param names its line."""
+    try:
+        return load_policy(config.policy.name, config.policy.params, where=where)
+    except InputError as exc:
+        raise config.located(exc, default=("policy",)) from None
+
+
+def check_config(config: ControllerConfig, where: str = "config") -> None:
+    """Build the policy, providers and sources as ``run`` and ``plan`` do, and close them: every
+    setting the file holds is checked by the code that will use it. Nothing is contacted (the
+    clouds' clients and the sources' connections are made on first use); what lives outside
+    the file (tokens and DSNs in the environment, ports, credentials) is not checked here."""
+    load_configured_policy(config, where)
+    providers = build_providers(config, where)
+    try:
+        wiring = build_signals(config, where)
+    finally:
+        close_all(providers.values())
+    close_all([*wiring.signals.queues, *wiring.signals.telemetry])
+
+
+def close_all(parts: Iterable[object]) -> None:
+    """Close each part once (a source playing two roles is listed twice)."""
+    closed: set[int] = set()
+    for part in parts:
+        close = getattr(part, "close", None)
+        if callable(close) and id(part) not in closed:
+            closed.add(id(part))
+            close()
 
 
 @dataclass
@@ -71,17 +118,28 @@ def build_signals(config: ControllerConfig, where: str = "config") -> Wiring:
     for index, spec in enumerate(config.sources):
         field = f"sources[{index}]"
         name = spec.name or f"{spec.kind}-{index}"
-        cls: Any = load_entry_point(SOURCE_GROUP, spec.kind, "source")
-        source = cls.from_config(spec.settings, name)
+        try:
+            cls: Any = load_entry_point(SOURCE_GROUP, spec.kind, "source")
+            source = cls.from_config(spec.settings, name)
+        except InputError as exc:
+            close_all([*queues, *telemetry])
+            renames = (
+                ("source.name", ("sources", index, "kind")),
+                (f"sources.{name}", ("sources", index, "settings")),
+            )
+            raise config.located(exc, renames, default=("sources", index)) from None
         able = {role for role, kind in ROLE_TYPES.items() if isinstance(source, kind)}
         roles = set(spec.roles) if spec.roles is not None else able
         if roles - able:
-            raise InputError(
-                where,
-                f"a {spec.kind} source cannot be "
-                + ", ".join(sorted(r.value for r in roles - able))
-                + f"; it can be {', '.join(sorted(r.value for r in able)) or 'nothing'}",
-                field=f"{field}.roles",
+            close_all([*queues, *telemetry, source])
+            raise config.located(
+                InputError(
+                    where,
+                    f"a {spec.kind} source cannot be "
+                    + ", ".join(sorted(r.value for r in roles - able))
+                    + f"; it can be {', '.join(sorted(r.value for r in able)) or 'nothing'}",
+                    field=f"{field}.roles",
+                )
             )
         if SourceRole.QUEUE in roles:
             queues.append(source)
@@ -93,11 +151,14 @@ def build_signals(config: ControllerConfig, where: str = "config") -> Wiring:
             schedulers.append((field, source))
     for role, chosen in (("node source", nodes), ("scheduler", schedulers)):
         if len(chosen) > 1:
-            raise InputError(
-                where,
-                f"only one source may be the {role}; {chosen[0][0]} and {chosen[1][0]} both are "
-                "(narrow one with roles)",
-                field=f"{chosen[1][0]}.roles",
+            close_all([*queues, *telemetry])
+            raise config.located(
+                InputError(
+                    where,
+                    f"only one source may be the {role}; {chosen[0][0]} and {chosen[1][0]} both "
+                    "are (narrow one with roles)",
+                    field=f"{chosen[1][0]}.roles",
+                )
             )
     tracker = IdleTracker(
         config.telemetry.idle_util_pct, config.telemetry.window_s, config.telemetry.max_age_s
@@ -117,6 +178,13 @@ def build_inbox(
     """The node agents' notice inbox, when configured; its token is read from the file or the
     environment now, so a missing token stops the start with one line instead of a silent inbox
     that refuses every agent."""
+    try:
+        return _build_inbox(config, clock, where)
+    except InputError as exc:
+        raise config.located(exc) from None
+
+
+def _build_inbox(config: ControllerConfig, clock: Clock, where: str) -> InboxServer | None:
     settings = config.inbox
     if settings is None:
         return None
@@ -163,6 +231,13 @@ def build_inbox(
 def read_postgres_dsn(config: ControllerConfig, where: str = "config") -> str | None:
     """The journal's DSN from its environment variable, registered as a secret before anything
     can log it."""
+    try:
+        return _read_postgres_dsn(config, where)
+    except InputError as exc:
+        raise config.located(exc) from None
+
+
+def _read_postgres_dsn(config: ControllerConfig, where: str) -> str | None:
     name = config.journal.postgres_dsn_env
     if not config.journal.enabled or name is None:
         return None
@@ -196,7 +271,7 @@ def build_journal(
     try:
         return open_journal(config.journal.sqlite_path, dsn, fenced_by)
     except JournalError as exc:
-        raise InputError(where, str(exc), field="journal") from None
+        raise config.located(InputError(where, str(exc), field="journal")) from None
 
 
 def leader_kind(config: ControllerConfig) -> LeaderKind:

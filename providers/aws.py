@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -71,6 +72,11 @@ IDS_PER_FILTER = 200  # instance ids per filter in one call
 # eventually consistent just after a launch) before we stop counting it as pending.
 UNSEEN_GRACE_S = 600.0
 PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")  # up to 255 printable ASCII
+# botocore's own checks, so that a setting it would refuse when a client is made (on the first
+# tick, or on a region's first listing) is refused with the config instead
+REGION = re.compile(r"^(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)$")
+_HOST = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))\.?$", re.I)
+_QUEUE_PATH = re.compile(r"^/[A-Za-z0-9_-]{1,64}/[A-Za-z0-9_-]{1,80}(\.fifo)?$")
 
 
 class _Strict(BaseModel):
@@ -94,6 +100,40 @@ class AwsSettings(_Strict):
         None, description="a SkyPilot-format catalog CSV to price pools from instead of the API"
     )
     advisor: str | None = Field(None, description="Spot Advisor bucket CSV (default: shipped)")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and _url_problem(value) is not None:
+            raise ValueError(
+                f"expected an http(s) URL such as http://localhost:5000 ({_url_problem(value)})"
+            )
+        return value
+
+    @field_validator("interruption_queue_url")
+    @classmethod
+    def _queue_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problem = _url_problem(value)
+        if problem is None and not _QUEUE_PATH.match(urlsplit(value).path):
+            problem = "its path is not /<account>/<queue name>"
+        if problem is not None:
+            raise ValueError(
+                "expected an SQS queue URL such as "
+                f"https://sqs.us-east-1.amazonaws.com/123456789012/notices ({problem})"
+            )
+        return value
+
+    @field_validator("regions")
+    @classmethod
+    def _region_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for region in value:
+            if not REGION.match(region):
+                raise ValueError(
+                    f"expected AWS region names such as us-east-1, got {region[:40]!r}"
+                )
+        return value
 
 
 class LaunchTemplate(_Strict):
@@ -164,6 +204,12 @@ class AwsProvider:
         self.pools = {p.name: p for p in pools}
         self.options: dict[str, AwsPoolOptions] = {}
         for index, pool in enumerate(pools):
+            if not REGION.match(pool.region):
+                raise InputError(
+                    "config",
+                    f"expected an AWS region name such as us-east-1, got {pool.region[:40]!r}",
+                    field=f"pools[{index}].region",
+                )
             self.options[pool.name] = validate_settings(
                 AwsPoolOptions, pool.options, field=f"pools[{index}].options"
             )
@@ -190,7 +236,16 @@ class AwsProvider:
         self.gangs = AwsGangs(self)
         self.watcher: NoticeWatcher | None = None
         if settings.interruption_queue_url:
-            region = _queue_region(settings.interruption_queue_url) or self._regions()[0]
+            region = _queue_region(settings.interruption_queue_url) or next(
+                iter(self._regions()), None
+            )
+            if region is None:
+                raise InputError(
+                    "config",
+                    "the queue's region is not in its URL, and no pool or regions entry "
+                    "gives one: add the region to regions",
+                    field="providers.aws.interruption_queue_url",
+                )
             self.watcher = NoticeWatcher(
                 self.client("sqs", region),
                 settings.interruption_queue_url,
@@ -788,8 +843,26 @@ def _launched_at(tag: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _url_problem(url: str) -> str | None:
+    """Why botocore would refuse ``url`` as an endpoint, or None."""
+    if any(c.isspace() or ord(c) < 0x20 for c in url):
+        return "it holds spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "it does not start with http:// or https://"
+    host = parts.hostname or ""
+    if not host or len(host) > 255 or not (_HOST.match(host) or ":" in host):
+        return "its host is not a valid name"
+    return None
+
+
 def _queue_region(url: str) -> str | None:
     """The region in an SQS queue URL such as https://sqs.us-east-1.amazonaws.com/123/q."""
-    host = url.split("://", 1)[-1].split("/", 1)[0]
-    parts = host.split(".")
-    return parts[1] if len(parts) > 2 and parts[0] == "sqs" else None
+    parts = (urlsplit(url).hostname or "").split(".")
+    if len(parts) > 2 and parts[0] == "sqs" and REGION.match(parts[1]):
+        return parts[1]
+    return None

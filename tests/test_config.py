@@ -30,12 +30,14 @@ pools:
     instance_type: g5.xlarge
     gpus_per_instance: 1
     market: spot
+    options: {image_id: ami-0123456789abcdef0}
   - name: aws-use1-g5-od
     provider: aws
     region: us-east-1
     instance_type: g5.xlarge
     gpus_per_instance: 1
     market: on-demand
+    options: {image_id: ami-0123456789abcdef0}
 """
 
 
