@@ -11,6 +11,7 @@ no shape keep working unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -23,7 +24,10 @@ MAX_JOB_NODES = 100_000
 MAX_GPUS_PER_NODE = 1024
 SHAPE_FIELDS = ("gpus", "gpus_per_node", "nodes", "gpu_model", "gpu_models", "min_gpu_memory_gib")
 _MODEL_SEPARATORS = re.compile(r"[|,\s]+")
-_WHOLE = re.compile(r"\d{1,12}")
+_WHOLE = re.compile(r"[0-9]{1,12}")
+# Strings longer than this are remembered by a digest, so a queue of huge items cannot grow the
+# shape cache by their size.
+_KEY_CHARS = 256
 _FIELD_WORDS = ('"gpus', '"nodes"', '"gpu_model', '"min_gpu_memory_gib"')
 
 ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^\S(.*\S)?$")]
@@ -149,11 +153,21 @@ class ShapeReader:
 
 
 def _hashable(value: Any) -> Any:
+    """A bounded key for a field's value. A list is keyed by its scalars; anything nested in it,
+    and any object, is refused by every shape field whatever it holds, so it needs no more."""
     if isinstance(value, list):
-        return ("list", *(_hashable(v) for v in value))
+        return ("list", *(_scalar(v) for v in value))
     if isinstance(value, dict):
-        return ("dict", repr(value))
-    return (type(value).__name__, value)
+        return ("dict",)
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > _KEY_CHARS:
+        return ("str", len(value), hashlib.blake2b(value.encode(errors="replace")).digest())
+    if value is None or isinstance(value, str | int | float | bool):
+        return (type(value).__name__, value)
+    return ("nested",)
 
 
 def json_item_fields(item: str) -> Mapping[str, Any] | None:
@@ -179,7 +193,7 @@ def _whole(fields: Mapping[str, Any], name: str, most: int) -> int | None:
     else:
         raise BadShapeError(f"{name} {_shown(value)} is not a whole number")
     if not 1 <= number <= most:
-        raise BadShapeError(f"{name} {number} is not between 1 and {most:,}")
+        raise BadShapeError(f"{name} {_shown(number)} is not between 1 and {most:,}")
     return number
 
 
@@ -198,7 +212,7 @@ def _models(fields: Mapping[str, Any]) -> tuple[str, ...] | None:
         if text.startswith("["):
             try:
                 many = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise BadShapeError(f"gpu_models {_shown(text)} is not a list of names") from None
         else:
             many = [name for name in _MODEL_SEPARATORS.split(text) if name]
@@ -223,5 +237,20 @@ def _memory(fields: Mapping[str, Any]) -> float | None:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A value for a message, bounded whatever it is (a structure nested a thousand deep, a
+    4,000-digit number, a megabyte of text)."""
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return f"a list of {len(value)}" if len(value) > 8 else _shown_list(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a number of more than 30 digits"
+    text = repr(value[:61] if isinstance(value, str) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shown_list(value: list[Any]) -> str:
+    if any(isinstance(v, list | dict) for v in value):
+        return "a nested list"
+    text = "[" + ", ".join(_shown(v) for v in value) + "]"
     return text if len(text) <= 60 else text[:57] + "..."
