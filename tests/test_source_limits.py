@@ -528,3 +528,33 @@ def test_an_items_unreadable_shape_is_one_bounded_line(fields: dict[str, Any]) -
     assert len(one_line(failure.value)) < 200
     with pytest.raises(BadShapeError):
         reader.shape(fields)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "complaint"),
+    [
+        ("targets.json", "[" * 100_000 + "]" * 100_000, "not valid JSON or YAML"),
+        ("targets.json", '[{"targets": ["a:1"], "labels": {"node": 1e999}}]', "not valid JSON"),
+        (
+            "targets.yaml",
+            "- &a [x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"- &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+                f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+                for i in range(9)
+            ),
+            "not valid YAML|aliases",
+        ),
+        ("targets.yaml", "[" * 5000 + "]" * 5000, "targets file"),
+    ],
+)
+def test_a_hostile_targets_file_is_one_line_not_a_hang(
+    tmp_path: Path, name: str, content: str, complaint: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    scraper = ScrapeTelemetrySource(ScrapeSettings(targets_file=path), "agents", ManualClock(NOW))
+    with pytest.raises(SourceError, match=complaint) as failure:
+        scraper.read_gpus(NOW)
+    assert str(path) in one_line(failure.value)
+    scraper.close()

@@ -14,7 +14,6 @@ the other nodes of the same text, and every other target, still count.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+import msgspec
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -36,12 +35,14 @@ from pydantic import (
 )
 
 from autoscaler.clock import Clock, SystemClock
-from autoscaler.inputfile import validate_settings
+from autoscaler.errors import InputError
+from autoscaler.inputfile import read_yaml, validate_settings
 from autoscaler.sources import GpuSample, SourceError
 from autoscaler.sources.exposition import UTIL, ExpositionError, read_exposition
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024
+MAX_TARGETS_FILE = 16 * 1024 * 1024
 SHOWN_FAILURES = 5
 
 
@@ -179,11 +180,7 @@ class ScrapeTelemetrySource:
         stamp = (stat.st_mtime, stat.st_size)
         if stamp == self._file_stamp:
             return self._file_targets
-        try:
-            text = path.read_text()
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise SourceError(f"targets file {path}: not valid JSON or YAML ({exc})") from None
+        data = _load_targets(path)
         if not isinstance(data, list):
             raise SourceError(f"targets file {path}: expected a list of target groups")
         targets: list[Target] = []
@@ -201,3 +198,25 @@ class ScrapeTelemetrySource:
         self._file_stamp = stamp
         self._file_targets = tuple(targets)
         return self._file_targets
+
+
+def _load_targets(path: Path) -> Any:
+    """The file's document: JSON through msgspec (no depth or number it cannot hold), YAML
+    through the project's bounded reader (size, depth, aliases); one ``SourceError`` line."""
+    if path.suffix != ".json":
+        try:
+            return read_yaml(path).data
+        except InputError as exc:
+            raise SourceError(f"targets file {exc}") from None
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_TARGETS_FILE + 1)
+    except OSError as exc:
+        raise SourceError(f"targets file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TARGETS_FILE:
+        raise SourceError(f"targets file {path}: larger than {MAX_TARGETS_FILE // 2**20} MiB")
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise SourceError(f"targets file {path}: not valid JSON or YAML ({detail})") from None
