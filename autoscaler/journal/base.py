@@ -199,18 +199,14 @@ class Journal:
         reads: otherwise this is not a journal to write on."""
         for table, names in COLUMNS.items():
             self._exec(f"SELECT {names} FROM {table} WHERE 1 = 0")
-        found = self._exec(
-            "SELECT value FROM journal_meta WHERE key = %s", ("schema_version",)
-        ).fetchall()
+        found = self._fetch("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
         try:
             rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
         except RowError as exc:
             raise JournalError(f"journal {self.where}: {exc}") from None
 
     def _read_identity(self) -> str | None:
-        found = self._exec(
-            "SELECT value FROM journal_meta WHERE key = %s", (IDENTITY_KEY,)
-        ).fetchall()
+        found = self._fetch("SELECT value FROM journal_meta WHERE key = %s", (IDENTITY_KEY,))
         return str(found[0][0]) if found else None
 
     def _check_still_ours(self) -> None:
@@ -522,7 +518,8 @@ class Journal:
             CostsRow,
             "instance_costs",
             f"SELECT {rows.columns(CostsRow)} FROM instance_costs "
-            "WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at",
             _period(since, until),
         )
         return [SpendRow(*r) for r in found]
@@ -531,8 +528,8 @@ class Journal:
         found = self._select(
             ActionsRow,
             "actions",
-            f"SELECT {rows.columns(ActionsRow)} FROM actions WHERE at >= %s AND at <= %s "
-            "ORDER BY id",
+            f"SELECT {rows.columns(ActionsRow)} FROM actions "
+            f"WHERE (at >= %s AND at <= %s) OR {rows.insane_time('at')} ORDER BY id",
             _period(since, until),
         )
         return [
@@ -558,7 +555,8 @@ class Journal:
         found = self._select(
             TicksRow,
             "ticks",
-            f"SELECT {rows.columns(TicksRow)} FROM ticks WHERE at >= %s AND at <= %s ORDER BY id",
+            f"SELECT {rows.columns(TicksRow)} FROM ticks "
+            f"WHERE (at >= %s AND at <= %s) OR {rows.insane_time('at')} ORDER BY id",
             _period(since, until),
         )
         return [
@@ -613,9 +611,19 @@ class Journal:
         """The rows of a query, parsed: a row the controller could not have written is a
         ``JournalError`` naming it."""
         try:
-            return parse_rows(row, table, self._exec(sql, params).fetchall())
+            return parse_rows(row, table, self._fetch(sql, params))
         except RowError as exc:
             raise JournalError(f"journal {self.where}: {exc}") from None
+
+    def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of a query; a failure while fetching them (text SQLite cannot decode) is
+        the journal's error like one while executing."""
+        cursor = self._exec(sql, params)
+        try:
+            found: list[Any] = cursor.fetchall()
+        except Exception as exc:
+            raise JournalError(f"journal {self.where}: {_reason(exc)}") from exc
+        return found
 
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self._placeholder != "%s":

@@ -32,6 +32,7 @@ from autoscaler.journal.schema import SCHEMA_VERSION
 
 # 2100-01-01T00:00:00Z: no controller running now writes a time past it, and every time before
 # it fits a datetime; before 1970 is a clock no one runs.
+EARLIEST_TIME = 0.0
 LATEST_TIME = 4_102_444_800.0
 MAX_COUNT = 1_000_000_000  # instances, GPUs, jobs: far above any fleet
 MAX_USD = 1e12
@@ -58,7 +59,7 @@ def _json_text(value: Any) -> Any:
     return value
 
 
-Time = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, lt=LATEST_TIME)]
+Time = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=EARLIEST_TIME, lt=LATEST_TIME)]
 Seconds = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, le=MAX_SECONDS)]
 Usd = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, le=MAX_USD)]
 Hours = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, le=MAX_HOURS)]
@@ -191,8 +192,11 @@ class Serial1(NamedTuple):
     value: Serial
 
 
-class Count1(NamedTuple):
-    n: Count
+def insane_time(column: str) -> str:
+    """A condition true of a time that is not a finite number in range: text or a blob in
+    SQLite, NaN or infinity in either. A period's filter selects such rows too, so that
+    parsing refuses them instead of a comparison leaving them out unseen."""
+    return f"NOT ({column} BETWEEN {EARLIEST_TIME!r} AND {LATEST_TIME!r})"
 
 
 def columns(row: type[tuple[Any, ...]]) -> str:

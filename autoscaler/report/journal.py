@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from autoscaler.errors import InputError
 from autoscaler.journal import rows
 from autoscaler.journal.base import SpendRow
-from autoscaler.journal.rows import ActionFigures, CostsRow, Count1, RowError, TickFigures
+from autoscaler.journal.rows import ActionFigures, CostsRow, RowError, TickFigures, Time1
 from autoscaler.journal.schema import SCHEMA_VERSION
 from autoscaler.report.build import HOUR, MAX_POINTS, percentiles
 from autoscaler.report.model import (
@@ -128,8 +128,8 @@ class JournalReader:
         found = self._parsed(
             TickFigures,
             "ticks",
-            f"SELECT {rows.columns(TickFigures)} FROM ticks WHERE at >= %s AND at <= %s "
-            "ORDER BY at, id",
+            f"SELECT {rows.columns(TickFigures)} FROM ticks "
+            f"WHERE (at >= %s AND at <= %s) OR {rows.insane_time('at')} ORDER BY at, id",
             (low, high),
         )
         return [
@@ -148,8 +148,8 @@ class JournalReader:
         found = self._parsed(
             ActionFigures,
             "actions",
-            f"SELECT {rows.columns(ActionFigures)} FROM actions WHERE at >= %s AND at <= %s "
-            "ORDER BY id",
+            f"SELECT {rows.columns(ActionFigures)} FROM actions "
+            f"WHERE (at >= %s AND at <= %s) OR {rows.insane_time('at')} ORDER BY id",
             (low, high),
         )
         return [
@@ -169,21 +169,22 @@ class JournalReader:
             CostsRow,
             "instance_costs",
             f"SELECT {rows.columns(CostsRow)} FROM instance_costs "
-            "WHERE last_at >= %s AND first_at <= %s ORDER BY first_at",
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at",
             (low, high),
         )
         return [SpendRow(*r) for r in found]
 
     def _calls_cut_short(self, low: float, high: float) -> int:
         marks = ", ".join(["%s"] * len(CUT_SHORT))
-        (found,) = self._parsed(
-            Count1,
+        found = self._parsed(
+            Time1,
             "cloud_calls",
-            f"SELECT COUNT(*) FROM cloud_calls WHERE started_at >= %s AND started_at <= %s "
-            f"AND outcome IN ({marks})",
-            (low, high, *CUT_SHORT),
+            f"SELECT started_at FROM cloud_calls WHERE outcome IN ({marks}) "
+            f"AND ((started_at >= %s AND started_at <= %s) OR {rows.insane_time('started_at')})",
+            (*CUT_SHORT, low, high),
         )
-        return found.n
+        return len(found)
 
     def _check_schema(self) -> None:
         found = self._rows("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
@@ -234,7 +235,8 @@ def _unreadable(exc: Exception) -> str:
 
 def open_sqlite_reader(path: Path) -> JournalReader:
     """``mode=ro``: a missing file is an error rather than a new empty journal, and the
-    controller writing the same file is never blocked or changed."""
+    controller writing the same file is never blocked or changed. A file SQLite's quick check
+    finds damaged is refused: a damaged index could hide rows from the figures."""
     where = str(path)
     if not path.is_file():
         raise InputError(where, "no such journal file")
@@ -242,9 +244,24 @@ def open_sqlite_reader(path: Path) -> JournalReader:
         connection = sqlite3.connect(
             f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
         )
-        connection.execute("PRAGMA busy_timeout=5000")
     except sqlite3.Error as exc:
         raise InputError(where, _unreadable(exc)) from exc
+    try:
+        connection.execute("PRAGMA busy_timeout=5000")
+        damage = [
+            " ".join(str(r[0]).split())
+            for r in connection.execute("PRAGMA quick_check(3)").fetchall()
+        ]
+    except sqlite3.Error as exc:
+        connection.close()
+        raise InputError(where, _unreadable(exc)) from exc
+    if damage != ["ok"]:
+        connection.close()
+        raise InputError(
+            where,
+            f"the journal is damaged ({'; '.join(damage)[:300]}); SQLite cannot vouch for any "
+            "row in it: report from a backup",
+        )
     return JournalReader(connection, where, "?")
 
 
