@@ -46,10 +46,12 @@ _URL_CREDENTIALS = re.compile(
     # URL parsing reads it), which ends at '/', '?', '#' or whitespace, so at the next '://'.
     r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*+://[^:/?#\s@]++:)([^/?#\s]*)(?=@)"
 )
-_BEARER = re.compile(r"(?i)\b(bearer\s++)([A-Za-z0-9._~+/=-]++)")
+_KEYWORDS = r"(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|client[_-]?secret)"
+# A value is never the next keyword itself ("Bearer Bearer X" hides X, not the second word).
+_NOT_A_KEYWORD = rf"(?!(?:bearer|{_KEYWORDS})\b)"
+_BEARER = re.compile(rf"(?i)\b(bearer\s++){_NOT_A_KEYWORD}([A-Za-z0-9._~+/=-]++)")
 _KEY_VALUE = re.compile(
-    r"(?i)((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|client[_-]?secret)"
-    r"[\"']?+\s*+[=:]\s*+[\"']?+)([^\s\"',;&]++)"
+    rf"(?i)({_KEYWORDS}[\"']?+\s*+[=:]\s*+[\"']?+){_NOT_A_KEYWORD}([^\s\"',;&]++)"
 )
 SHAPES = (_URL_CREDENTIALS, _BEARER, _KEY_VALUE)
 
@@ -163,9 +165,9 @@ def _passwords_inside(value: str) -> list[str]:
 # -- environment variables -------------------------------------------------------------------
 
 _SECRET_NAMES = re.compile(r"(?i)secret|token|passw|credential|private|_dsn$|_key$")
-# What a config field naming a variable may hold: capitals, digits and underscores (POSIX's
-# portable names), as every shipped example writes them.
-_VARIABLE_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+# What a config field naming a variable may hold: letters, digits and underscores, not starting
+# with a digit (the same rule as ``autoscaler.config``'s), at most 128 characters.
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def register_environment_secrets(environ: Mapping[str, str] | None = None) -> None:
@@ -177,13 +179,16 @@ def register_environment_secrets(environ: Mapping[str, str] | None = None) -> No
 
 def looks_like_variable_name(text: str) -> bool:
     """An environment variable's name as configs write them (``GPU_AUTOSCALER_TOKEN``), and not
-    a random-looking word that is more likely a key pasted in its place (``AKIAIOSFODNN7EXAMPLE``:
-    a word of 20 or more characters mixing letters and digits, or of 40 or more)."""
+    a random-looking word that is more likely a key pasted in its place: a word (between
+    underscores) of 40 or more characters, of 20 or more mixing letters and digits
+    (``AKIAIOSFODNN7EXAMPLE``), or mixing capitals, small letters and digits (``16C7e42F``)."""
     if not _VARIABLE_NAME.fullmatch(text):
         return False
     for word in text.split("_"):
-        mixed = any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
-        if len(word) >= 40 or (len(word) >= 20 and mixed):
+        digits = any(c.isdigit() for c in word)
+        letters = any(c.isalpha() for c in word)
+        cases = any(c.isupper() for c in word) and any(c.islower() for c in word)
+        if len(word) >= 40 or (len(word) >= 20 and digits and letters) or (digits and cases):
             return False
     return True
 
@@ -196,9 +201,10 @@ def check_variable_name(name: str, where: str, field: str | None = None) -> str:
     register_secret(name)
     raise InputError(
         where,
-        "expects the NAME of an environment variable (capitals, digits and _, like "
-        "GPU_AUTOSCALER_TOKEN), and what is there is not one; it is not shown, in case it is "
-        "the secret itself: put the value in the environment and its variable's name here",
+        "expects the NAME of an environment variable (letters, digits and _, like "
+        "GPU_AUTOSCALER_TOKEN), and what is there does not look like one; it is not shown, in "
+        "case it is the secret itself: put the value in the environment and its variable's "
+        "name here",
         field=field,
     )
 

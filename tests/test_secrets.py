@@ -82,7 +82,8 @@ def test_scrub_strings_cuts_inside_json_like_data_before_escaping() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["GPU_AUTOSCALER_TOKEN", "HA_JOURNAL_DSN", "PROM_TOKEN", "A100_TOKEN", "_X"]
+    "name",
+    ["GPU_AUTOSCALER_TOKEN", "HA_JOURNAL_DSN", "PROM_TOKEN", "A100_TOKEN", "_X", "inbox_token"],
 )
 def test_variable_names_look_like_names(name: str) -> None:
     assert looks_like_variable_name(name)
@@ -96,7 +97,8 @@ def test_variable_names_look_like_names(name: str) -> None:
         "AKIAIOSFODNN7EXAMPLE",
         "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
         "s3cr3t-inbox-token",
-        "gpu_autoscaler_token",
+        "hunter2Pass",
+        "9LIVES",
         "A" * 129,
         "",
         "MY_VAR ",
