@@ -19,6 +19,7 @@ from answer_server import AnswerServer
 from exporter_server import Answer, ExporterServer
 
 from autoscaler.clock import ManualClock
+from autoscaler.errors import InputError
 from autoscaler.model import OnPremUse, Placement
 from autoscaler.sources import GpuSample, SourceError
 from autoscaler.sources.exposition import ExpositionError, read_exposition
@@ -40,6 +41,7 @@ from autoscaler.sources.slurm_json import (
     read_nodes,
     read_running_jobs,
 )
+from autoscaler.sources.static import StaticQueueSource
 from autoscaler.telemetry import FUTURE_SKEW_S, IdleTracker
 
 RULES = DemandRules(ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS), high_priority_min=1000)
@@ -558,3 +560,22 @@ def test_a_hostile_targets_file_is_one_line_not_a_hang(
         scraper.read_gpus(NOW)
     assert str(path) in one_line(failure.value)
     scraper.close()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"count": 10**30},
+        {"gpus": 10**12},
+        {"gpus": 2048},
+        {"nodes": 10**9, "gpus": 10**9},
+        {"checkpoint_interval_s": float("inf")},
+        {"min_gpu_memory_gib": float("nan")},
+        {"age_s": 1e300},
+        {"gpu_models": [""]},
+    ],
+)
+def test_a_static_queue_holds_only_bounded_demand(entry: dict[str, Any]) -> None:
+    with pytest.raises(InputError) as failure:
+        StaticQueueSource.from_config({"jobs": [entry]}, "drill")
+    assert "sources.drill.jobs" in one_line(failure.value)

@@ -24,6 +24,12 @@ from pydantic import (
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
 from autoscaler.sources import GroupKey, groups_from_counts
+from autoscaler.sources.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES, ModelName
+
+# Bounds every reading keeps: more jobs than any queue holds, or a wait of more than ten years,
+# is a typo, not a drill.
+MAX_STATIC_JOBS = 100_000_000
+MAX_AGE_S = 10 * 365 * 86_400.0
 
 
 class StaticJobs(BaseModel):
@@ -31,19 +37,23 @@ class StaticJobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    count: PositiveInt = 1
-    gpus: PositiveInt = 1
-    nodes: PositiveInt = Field(1, description="nodes each job needs at once (gpus is the total)")
+    count: PositiveInt = Field(1, le=MAX_STATIC_JOBS)
+    gpus: PositiveInt = Field(1, le=MAX_JOB_NODES * MAX_GPUS_PER_NODE)
+    nodes: PositiveInt = Field(
+        1, le=MAX_JOB_NODES, description="nodes each job needs at once (gpus is the total)"
+    )
     checkpoint_interval_s: float | None = Field(
-        None, gt=0, description="how often the jobs checkpoint; unset: never"
+        None, gt=0, allow_inf_nan=False, description="how often the jobs checkpoint; unset: never"
     )
     high_priority: bool = False
-    gpu_models: tuple[str, ...] = Field(
+    gpu_models: tuple[ModelName, ...] = Field(
         (), description="GPU models the jobs accept (any when empty)"
     )
-    min_gpu_memory_gib: PositiveFloat | None = None
-    partition: str | None = None
-    age_s: NonNegativeFloat = Field(0.0, description="how long they have waited at the first read")
+    min_gpu_memory_gib: PositiveFloat | None = Field(None, allow_inf_nan=False)
+    partition: str | None = Field(None, max_length=256)
+    age_s: NonNegativeFloat = Field(
+        0.0, le=MAX_AGE_S, description="how long they have waited at the first read"
+    )
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> StaticJobs:
@@ -51,6 +61,11 @@ class StaticJobs(BaseModel):
             raise ValueError(
                 f"gpus ({self.gpus}) is each job's total and must be a multiple of nodes "
                 f"({self.nodes})"
+            )
+        if self.gpus // self.nodes > MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"gpus ({self.gpus}) over {self.nodes} node(s) is more than "
+                f"{MAX_GPUS_PER_NODE} GPUs per node"
             )
         return self
 
