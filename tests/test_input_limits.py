@@ -146,6 +146,9 @@ def test_a_series_refuses_a_period_it_cannot_divide_by() -> None:
             StepSeries([0.0], [1.0], period=period)
     with pytest.raises(ValueError, match="finite"):
         StepSeries([0.0, math.inf], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        StepSeries([0.0], [math.nan])
+    assert StepSeries([0.0], [math.inf]).at(5) == math.inf, "infinite: not on offer"
 
 
 @given(

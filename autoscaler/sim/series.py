@@ -13,8 +13,9 @@ class StepSeries:
 
     With ``period`` set the series repeats: time ``t`` reads ``t mod period``. Before the first
     point the first value holds; loaders refuse series that would need that for a price.
-    Times, values and the period are finite, and the period is positive (loaders check their
-    files so that a series is never built otherwise: this raising is a bug).
+    Times and the period are finite, the period positive and no value NaN (an infinite value is
+    how the lower bound says "not on offer"); loaders check their files so that a series is
+    never built otherwise: this raising is a bug.
     """
 
     __slots__ = ("_cumulative", "period", "times", "values")
@@ -26,8 +27,8 @@ class StepSeries:
             raise ValueError("a series needs as many values as times, and at least one")
         if any(b < a for a, b in itertools.pairwise(times)):
             raise ValueError("series times must not go backwards")
-        if not all(math.isfinite(x) for x in itertools.chain(times, values)):
-            raise ValueError("series times and values must be finite")
+        if not all(math.isfinite(t) for t in times) or any(math.isnan(v) for v in values):
+            raise ValueError("series times must be finite, and values numbers")
         if period is not None and not (math.isfinite(period) and period > 0):
             raise ValueError(f"a series' period must be positive, got {period!r}")
         self.times = list(times)
