@@ -233,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
         build_lock,
         build_providers,
         build_signals,
+        check_listen,
         load_configured_policy,
         read_postgres_dsn,
     )
@@ -254,6 +255,7 @@ def _run(args: argparse.Namespace) -> int:
     readiness = Readiness(config.tick_seconds)
     if config.metrics is not None:
         listen = config.metrics.listen
+        check_listen(config, "metrics.listen", listen.host, listen.port, where)
         background.append(StatusServer(metrics.registry, readiness, listen.host, listen.port))
     journal = build_journal(config, dsn, where)
     lock = build_lock(config, dsn)

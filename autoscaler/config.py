@@ -112,7 +112,9 @@ class TelemetryConfig(Frozen):
 
 
 class Listen(Frozen):
-    host: str = "0.0.0.0"
+    """An address to serve on: a host name or IP address, and a port (0: any free one)."""
+
+    host: str = Field("0.0.0.0", pattern=r"^[A-Za-z0-9_.:%-]{1,253}$")
     port: int = Field(ge=0, le=65535)
 
 

@@ -13,6 +13,7 @@ are pointed here at the file and line of that field when the config was read fro
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -225,6 +226,24 @@ def _build_inbox(config: ControllerConfig, clock: Clock, where: str) -> InboxSer
             where,
             f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}",
             field="inbox.listen",
+        ) from None
+
+
+def check_listen(config: ControllerConfig, field: str, host: str, port: int, where: str) -> None:
+    """That ``host:port`` can be listened on now, so that a server the run loop starts later
+    (the metrics endpoint) does not end the start in a traceback: a name that does not resolve,
+    an address of another machine or a port in use is one line naming the setting."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+            return
+    except OSError as exc:
+        raise config.located(
+            InputError(where, f"cannot listen on {host}:{port}: {exc.strerror or exc}", field)
         ) from None
 
 

@@ -5,6 +5,9 @@ mistake is one line naming the file, the line and the field, exit 2."""
 from __future__ import annotations
 
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +212,22 @@ def test_a_value_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, LOCAL.replace("fleet_id: fuzz", 'fleet_id: "a\\nb"'))
     line = refused(path)
     assert line.startswith(f"error: {path}:1: fleet_id: ") and "'a\\nb'" in line
+
+
+def test_run_refuses_a_metrics_address_it_cannot_listen_on_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, why in (("no.such.host.invalid", ""), ("127.0.0.1", "in use")):
+            path = write(tmp_path, LOCAL + f"metrics: {{listen: {{host: {host}, port: {port}}}}}\n")
+            done = subprocess.run(
+                [sys.executable, "-m", "autoscaler.cli", "run", "--config", str(path)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.startswith(f"error: {path}:38: metrics.listen: cannot listen on")
+            assert why in done.stderr and done.stderr.count("\n") == 1
