@@ -336,7 +336,7 @@ class ConfigBoundary:
 
     def __init__(self) -> None:
         self._seeds: list[str] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="fuzz-config-"))
+        self._dir: Path | None = None  # made on first use: listing the boundaries makes none
 
     def seeds(self) -> Sequence[str]:
         if self._seeds is None:
@@ -348,6 +348,8 @@ class ConfigBoundary:
 
     def check(self, data: object) -> Outcome:
         assert isinstance(data, (str, bytes))
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="fuzz-config-"))
         path = self._dir / "config.yaml"
         if isinstance(data, str):
             path.write_text(data, encoding="utf-8", errors="surrogatepass")
@@ -390,7 +392,9 @@ class ConfigBoundary:
         return _planned(path)
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 def _planned(path: Path) -> Outcome:
