@@ -1068,8 +1068,10 @@ class GcpProvider:
                 when = _timestamp(str(operation.end_time)) or _timestamp(str(operation.insert_time))
                 if ours is None or name in self._reported or (when is not None and when < since):
                     continue
+                # the preemption has happened: a time after now is not one (never a deadline
+                # in year 9999 from a garbled record)
                 notices.append(
-                    self._notice(name, ours.pool, now, when if when is not None else now)
+                    self._notice(name, ours.pool, now, now if when is None else min(when, now))
                 )
         for name, pool in self._preempted.items():
             if name not in self._reported:

@@ -251,3 +251,24 @@ def test_a_metadata_answer_is_bounded_and_its_names_checked(
     gcp_metadata.set("instance/name", "gpu spot\nforged")
     with pytest.raises(SourceError, match="instance name has characters outside"):
         watcher.instance_name()
+
+
+def test_a_gcp_preemption_stamped_in_year_9999_is_due_now(gcp: Any) -> None:
+    """A preemption record with a garbled time is still a notice (the VM is gone), due now,
+    never a deadline no clock could reach."""
+    from test_gcp import FLEET, START, gcp_pool
+    from test_gcp import provider as gcp_provider_for
+
+    from autoscaler.clock import ManualClock
+
+    pool = gcp_pool()
+    clock = ManualClock(START)
+    gcp_provider = gcp_provider_for(gcp, [pool], clock)
+    (victim,) = (i.id for i in gcp_provider.launch(pool, 1, "req-9999", FLEET).instances)
+    gcp_provider.list_instances(FLEET)
+    clock.advance(60)
+    operation = gcp.preempt(victim)
+    operation["insertTime"] = operation["endTime"] = "9999-12-31T23:59:59Z"
+    gcp_provider.list_instances(FLEET)
+    (notice,) = gcp_provider.poll_notices()
+    assert (notice.instance_id, notice.deadline) == (victim, START + 60)

@@ -697,7 +697,8 @@ class CloudNoticesBoundary:
         if notice.deadline is not None and not deadline_ok(notice.deadline):
             return Outcome.wrong(f"a deadline no clock could reach: {notice.deadline!r}")
         if data.kind == "imds-action":
-            action = json.loads(data.payload).get("action")
+            # read as the watcher reads it: bytes, so a UTF-8 BOM is allowed the same way
+            action = json.loads(data.payload.encode("utf-8", "surrogatepass")).get("action")
             if action not in ("terminate", "stop", "hibernate") or notice.deadline is None:
                 return Outcome.wrong(f"action {action!r:.40} became a notice")
         return Outcome.accepted()
