@@ -210,3 +210,32 @@ def test_the_run_loop_is_not_driven_by_a_flood_but_acts_on_a_real_notice_at_once
         runner.stop()
         loop.join(10)
     assert not loop.is_alive()
+
+
+def test_the_counts_are_on_the_controllers_metrics() -> None:
+    from autoscaler.metrics import Metrics
+
+    metrics = Metrics()
+    t = rig([pool("a")], {"a": 1.0}, metrics=metrics)
+    inbox = InboxServer(NoticeInbox(t.clock), TOKEN)
+    t.controller.signals.notices = (inbox.inbox,)
+    runner = Runner(t.controller, {"fake": t.cloud}, [inbox])
+    loop = threading.Thread(target=runner.run, daemon=True)
+    loop.start()
+    try:
+        give_up = time.monotonic() + 10
+        while t.controller.ticks < 1 and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert post(inbox.port, "i-stranger") == 202
+        assert post(inbox.port, "i-stranger\nforged") == 400
+        registry = metrics.registry
+
+        def count(boundary: str, outcome: str) -> float | None:
+            labels = {"boundary": boundary, "outcome": outcome}
+            return registry.get_sample_value("gpu_autoscaler_boundary_inputs_total", labels)
+
+        assert count("inbox", "202") == 1 and count("inbox", "400") == 1
+        assert count("notice-wake", "limited") == 1, "a stranger's notice: the interval's one"
+    finally:
+        runner.stop()
+        loop.join(10)
