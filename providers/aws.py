@@ -104,20 +104,15 @@ class AwsSettings(_Strict):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        if value is not None and _url_problem(value) is not None:
-            raise ValueError(
-                f"expected an http(s) URL such as http://localhost:5000 ({_url_problem(value)})"
-            )
+        problem = None if value is None else endpoint_problem(value)
+        if problem is not None:
+            raise ValueError(f"expected an http(s) URL such as http://localhost:5000 ({problem})")
         return value
 
     @field_validator("interruption_queue_url")
     @classmethod
     def _queue_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        problem = _url_problem(value)
-        if problem is None and not _QUEUE_PATH.match(urlsplit(value).path):
-            problem = "its path is not /<account>/<queue name>"
+        problem = None if value is None else queue_url_problem(value)
         if problem is not None:
             raise ValueError(
                 "expected an SQS queue URL such as "
@@ -843,8 +838,9 @@ def _launched_at(tag: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _url_problem(url: str) -> str | None:
-    """Why botocore would refuse ``url`` as an endpoint, or None."""
+def endpoint_problem(url: str) -> str | None:
+    """Why botocore would refuse ``url`` as an endpoint, or None (for every AWS setting that
+    holds a URL: check it with the config rather than when the first client is made)."""
     if any(c.isspace() or ord(c) < 0x20 for c in url):
         return "it holds spaces or control characters"
     try:
@@ -858,6 +854,14 @@ def _url_problem(url: str) -> str | None:
     if not host or len(host) > 255 or not (_HOST.match(host) or ":" in host):
         return "its host is not a valid name"
     return None
+
+
+def queue_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an SQS queue URL (an endpoint, then ``/<account>/<queue name>``)."""
+    problem = endpoint_problem(url)
+    if problem is None and not _QUEUE_PATH.match(urlsplit(url).path):
+        problem = "its path is not /<account>/<queue name>"
+    return problem
 
 
 def _queue_region(url: str) -> str | None:
