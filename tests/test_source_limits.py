@@ -415,9 +415,9 @@ def vector(*rows: Any) -> bytes:
         ),
         (
             b'{"status":"success","data":{"resultType":"vector","result":['
-            + b'{"value":[1795249300,"1"]},' * 250_000
+            + b'{"value":[1795249300,"1"]},' * 100_000
             + b'{"value":[1795249300,"1"]}]}}',
-            "length <= 250000",
+            "length <= 100000",
         ),
         (
             json.dumps({"status": "error", "errorType": "x\ny", "error": "z\n" * 100_000}).encode(),

@@ -39,7 +39,7 @@ SHOWN_LABELS = 240
 SHOWN_TEXT = 200
 # More series than any fleet's GPUs or any queue's partitions: an answer this long is a query
 # that matches the wrong thing.
-MAX_SERIES = 250_000
+MAX_SERIES = 100_000
 # More jobs than any queue holds: a count this large is a broken exporter, not demand.
 MAX_JOBS = 100_000_000
 

@@ -43,6 +43,7 @@ from autoscaler.sources import GpuSample, SourceError
 from autoscaler.sources.exposition import MAX_FB_MIB
 from autoscaler.sources.prometheus import (
     MAX_JOBS,
+    MAX_SERIES,
     PrometheusQueueSettings,
     PrometheusQueueSource,
     PrometheusTelemetrySettings,
@@ -637,8 +638,10 @@ class _Read:
 
 
 _WANTED_LINE = re.compile(r"(DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED)([^A-Za-z0-9_:].*|)")
+_STRICT_LABEL = r'[A-Za-z_][A-Za-z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
 _STRICT_LINE = re.compile(
-    r"(?:DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED)(?:\{.*\})? +"
+    r"(?:DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED)"
+    rf"(?:\{{(?:{_STRICT_LABEL}(?:,{_STRICT_LABEL})*,?)?\}})? +"
     r"(?:[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN)"
     r"(?: +-?[0-9]{1,19})? *\r?"
 )
@@ -772,7 +775,7 @@ def _answer_bytes(rng: random.Random, labels: Sequence[Any], clean: bool = False
         row = b'{"value":[' + str(int(NOW)).encode() + b',"1"]},'
         return (
             b'{"status":"success","data":{"resultType":"vector","result":['
-            + row * rng.choice([1000, 260_000])
+            + row * rng.choice([1000, MAX_SERIES])
             + b'{"value":[1,"1"]}]}}'
         )
     rows = []
@@ -813,7 +816,7 @@ def reference_queue(body: bytes, variant: dict[str, Any]) -> Refuse | Demand | N
         rows = [(r.get("metric", {}), r.get("value")) for r in result]
     else:
         return Refuse("the vector is not a list of samples")
-    if len(rows) > 250_000:
+    if len(rows) > MAX_SERIES:
         return Refuse("too many series")
     units = variant.get("gpus_per_unit", 1)
     jobs: dict[Any, int] = {}
