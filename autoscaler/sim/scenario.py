@@ -259,21 +259,29 @@ class Scenario(Frozen):
             )
         return controller
 
-    @model_validator(mode="after")
-    def _pools_exist(self) -> Scenario:
-        names = {p.name for p in self.controller.pools}
-        for name in self.market.pools:
-            if name not in names:
-                raise ValueError(
-                    f"market.pools names {name!r}, which is not a pool in controller.pools"
-                )
-        for pool in self.controller.pools:
-            if pool.is_spot and pool.provider not in self.notice_lead_s:
+    @field_validator("market")
+    @classmethod
+    def _priced_pools_exist(cls, market: MarketSpec, info: ValidationInfo) -> MarketSpec:
+        controller = info.data.get("controller")
+        names = {p.name for p in controller.pools} if controller is not None else set()
+        for name in market.pools:
+            if controller is not None and name not in names:
+                raise ValueError(f"pools names {name!r}, which is not a pool in controller.pools")
+        return market
+
+    @field_validator("controller")
+    @classmethod
+    def _spot_pools_have_a_lead(
+        cls, controller: ControllerConfig, info: ValidationInfo
+    ) -> ControllerConfig:
+        leads = info.data.get("notice_lead_s")
+        for pool in controller.pools:
+            if leads is not None and pool.is_spot and pool.provider not in leads:
                 raise ValueError(
                     f"pool {pool.name!r} is spot on {pool.provider!r}, "
                     "which has no notice_lead_s entry"
                 )
-        return self
+        return controller
 
     @property
     def start_epoch(self) -> float:
