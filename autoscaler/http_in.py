@@ -190,7 +190,10 @@ class RequestReader:
             if expect.lower() != "100-continue":
                 raise HttpError(417, "only Expect: 100-continue is understood")
             if len(self._buffer) < length:
-                self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                try:
+                    self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                except OSError as exc:
+                    raise _SilentError(describe(exc)) from None
         while len(self._buffer) < length:
             if not self._more():
                 raise HttpError(400, f"the body ended before its {length} bytes")
