@@ -692,6 +692,8 @@ def _period(since: float | None, until: float | None) -> tuple[float, float]:
 
 def _reason(exc: BaseException) -> str:
     """The database's reason on one line (PostgreSQL adds DETAIL and HINT lines)."""
+    if isinstance(exc, UnicodeDecodeError):  # SQLite's message quotes bytes of a damaged file
+        return "the file is damaged (SQLite's answer about it is not even text)"
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -758,7 +760,7 @@ def open_sqlite(path: Path) -> Journal:
             " ".join(str(r[0]).split())
             for r in connection.execute("PRAGMA quick_check(3)").fetchall()
         ]
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error, UnicodeDecodeError) as exc:
         if connection is not None:
             connection.close()
         raise JournalError(f"cannot open the journal {where}: {_reason(exc)}") from exc

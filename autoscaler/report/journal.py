@@ -227,6 +227,8 @@ class JournalReader:
 
 
 def _unreadable(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):  # SQLite's message quotes bytes of a damaged file
+        return "is damaged: SQLite's answer about it is not even text"
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if "no such table" in text or "does not exist" in text:
         return f"is not a gpu-autoscaler journal ({text})"
@@ -244,7 +246,7 @@ def open_sqlite_reader(path: Path) -> JournalReader:
         connection = sqlite3.connect(
             f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
         )
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
         raise InputError(where, _unreadable(exc)) from exc
     try:
         connection.execute("PRAGMA busy_timeout=5000")
@@ -252,7 +254,7 @@ def open_sqlite_reader(path: Path) -> JournalReader:
             " ".join(str(r[0]).split())
             for r in connection.execute("PRAGMA quick_check(3)").fetchall()
         ]
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
         connection.close()
         raise InputError(where, _unreadable(exc)) from exc
     if damage != ["ok"]:

@@ -59,8 +59,10 @@ def test_every_seed_is_accepted(boundary: Boundary) -> None:
         (Damage("cell", "ticks", "at", None, 1e300), False),
         (Damage("meta", value="abc", how="set"), True),
         (Damage("bytes", how="garbage", at=0.5, seed=1), True),
+        # bits flipped in the schema: SQLite's own error message is not UTF-8
+        (Damage("bytes", how="flip", at=0.6056905620512711, count=54, seed=1069691222), True),
     ],
-    ids=["text-usd", "nan-usd", "tick-1e300", "schema-abc", "garbage"],
+    ids=["text-usd", "nan-usd", "tick-1e300", "schema-abc", "garbage", "undecodable"],
 )
 def test_the_issues_journals_are_refused_by_report_and_by_run_where_it_reads(
     damage: Damage, run_refuses: bool
