@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     """Prints the plan with every secret the process knows scrubbed out: a source's error can
     carry its token back (a server echoing the bearer header), and so can an ``InputError`` or
     a warning logged on stderr."""
-    configure("WARNING", json_lines=False)  # what observe logs on stderr is scrubbed too
+    if not logging.getLogger().handlers:  # a process that routes its logs keeps its routing
+        configure("WARNING", json_lines=False)  # what observe logs on stderr is scrubbed too
     try:
         report = make_report(args.config)
     except InputError as exc:
