@@ -98,3 +98,21 @@ def test_environment_credentials_are_scrubbed_by_name() -> None:
     assert "azure-client-secret-xyz" not in text
     assert "inbox-token-1234567" not in text
     assert "/root" in text, "only what is named secret is scrubbed"
+
+
+def test_a_long_message_is_cut_after_it_is_scrubbed_so_no_half_secret_is_left() -> None:
+    """An upstream's 100,000-character error body: the line is bounded, says how much was cut,
+    and a secret straddling the cut is scrubbed whole first (cutting first would leave its
+    first half in the line)."""
+    from autoscaler.logs import MAX_FIELD_CHARS
+
+    secrets = Secrets()
+    secrets.add(TOKEN)
+    logger, stream = capture(secrets)
+    body = "x" * (MAX_FIELD_CHARS - 5) + TOKEN + "y" * 100_000
+    logger.error("upstream said: %s", body)
+    (event,) = lines(stream)
+    message = str(event["msg"])
+    assert TOKEN[:5] not in message and TOKEN not in stream.getvalue()
+    assert len(message) < MAX_FIELD_CHARS + 100
+    assert message.endswith("more characters cut]")
