@@ -14,24 +14,11 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
-
 RECENT_REPORTS = 5
 # A job silent this long has ended or stopped saving: where it would resume no longer comes from
 # here (a restarted run resumes from its own start), so its entry goes. Without this the ledger
 # holds every job that ever reported, for as long as the controller runs.
 KEEP_S = 86_400.0
-
-
-class CheckpointBody(BaseModel):
-    """A job's report of a checkpoint it finished; ``at`` defaults to when it arrived."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    job_id: str = Field(min_length=1, max_length=256)
-    at: float | None = None
-    duration_s: NonNegativeFloat = 0.0
-    node: str | None = None
 
 
 @dataclass(frozen=True)

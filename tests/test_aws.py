@@ -262,7 +262,8 @@ def test_settings_and_pool_options_are_checked(aws: str) -> None:
         AwsProvider.from_config({}, [several], FLEET)
 
 
-def event(detail_type: str, detail: dict[str, Any], at: str = "2026-11-21T10:00:00Z") -> str:
+def event(detail_type: str, detail: dict[str, Any], at: str = "2023-11-14T22:13:20Z") -> str:
+    """An EventBridge event stamped at the provider's ManualClock time (1_700_000_000)."""
     return json.dumps(
         {
             "version": "0",
@@ -302,17 +303,19 @@ def test_interruption_queue_notices_dedup_malformed_and_acknowledgement(aws: str
     while aws_provider.watcher.poll_once():
         pass
     notices = aws_provider.poll_notices()
-    stamp = datetime(2026, 11, 21, 10, tzinfo=UTC).timestamp()
+    stamp = 1_700_000_000.0
     assert {(n.instance_id, n.kind, n.deadline, n.pool) for n in notices} == {
         (victim.id, NoticeKind.TERMINATE, stamp + 120, "g5-spot"),
         (victim.id, NoticeKind.REBALANCE, None, "g5-spot"),
     }
     assert aws_provider.watcher.malformed == 1 and aws_provider.watcher.duplicates == 1
     waiting = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
-    assert int(waiting["ApproximateNumberOfMessagesNotVisible"]) == 2, "kept until handled"
+    # the two notices' messages are kept until handled; the malformed one is left for the
+    # queue's redrive, never deleted unseen
+    assert int(waiting["ApproximateNumberOfMessagesNotVisible"]) == 3
     aws_provider.acknowledge(notices)
     waiting = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
-    assert int(waiting["ApproximateNumberOfMessagesNotVisible"]) == 0
+    assert int(waiting["ApproximateNumberOfMessagesNotVisible"]) == 1
     assert int(waiting["ApproximateNumberOfMessages"]) == 0
     aws_provider.close()
 

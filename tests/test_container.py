@@ -30,7 +30,10 @@ def get(url: str) -> tuple[int, str]:
 
 def post(url: str, token: str) -> tuple[int, str]:
     request = urllib.request.Request(
-        url, data=b"{}", method="POST", headers={"Authorization": f"Bearer {token}"}
+        url,
+        data=b"{}",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:

@@ -43,9 +43,22 @@ locals {
   }
 }
 
+# Messages the controller cannot read (malformed, or from an unexpected sender) are left on the
+# queue, never deleted unseen; after three receives SQS moves them here for a person to look at.
+resource "aws_sqs_queue" "interruptions_dead_letter" {
+  name                      = "${var.name_prefix}-interruptions-dlq"
+  message_retention_seconds = 1209600
+  sqs_managed_sse_enabled   = true
+  tags                      = var.tags
+}
+
 resource "aws_sqs_queue" "interruptions" {
   name                      = "${var.name_prefix}-interruptions"
   message_retention_seconds = var.message_retention_seconds
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.interruptions_dead_letter.arn
+    maxReceiveCount     = 3
+  })
   # The controller long-polls for up to 20 s (providers.aws.queue_wait_s).
   receive_wait_time_seconds = 20
   # SQS-managed server-side encryption: EventBridge can send to it without a key policy, and
