@@ -254,6 +254,7 @@ class _RefusedError(Exception):
 
 
 _REF_GRES = re.compile(r"(?:gres[:/])?gpu(?::([A-Za-z][A-Za-z0-9_.-]*))?(?::([0-9]+))?", re.ASCII)
+MAX_GRES_TYPE = 128  # characters: docs/slurm.md
 _REF_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", re.ASCII)
 
 
@@ -310,6 +311,8 @@ def _ref_gpus(job: dict[str, Any], name: str) -> int:
     count = int(match[2]) if match[2] is not None else 1
     if count > 2**64 - 1:
         raise _RefusedError(f"{name} {text[:40]!r} is beyond 64 bits")
+    if match[1] is not None and len(match[1]) > MAX_GRES_TYPE:
+        raise _RefusedError(f"{name} names a gres type of {len(match[1])} characters")
     return count
 
 
@@ -826,8 +829,12 @@ def reference_queue(body: bytes, variant: dict[str, Any]) -> Refuse | Demand | N
         if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str)):
             return Refuse("a value is not [time, text]")
         at, text = pair
-        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        if isinstance(at, bool) or not isinstance(at, int | float):
             return Refuse("a time is not a number")
+        if isinstance(at, int) and abs(at) > 1e308:
+            return Refuse("a time beyond a double")
+        if not math.isfinite(at):
+            return Refuse("a time is not a finite number")
         if not re.fullmatch(
             r"[+-]?(\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)", text, re.ASCII
         ):
