@@ -184,6 +184,7 @@ def _validate(args: argparse.Namespace) -> int:
                 ) from None
         with loaded.locating():
             prepared = prepare(loaded)
+        loaded.check_replay_length(prepared.horizon_s)
         scenario = loaded.scenario
         _warn_unknown_models(args.file, "controller.pools", scenario.controller.pools)
         unhostable = check_hostable(prepared)
@@ -378,6 +379,7 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
             )
         specs = [(i, s) for i, s in specs if s.name in wanted or s.title in wanted]
     prepared = prepare(loaded)
+    loaded.check_replay_length(prepared.horizon_s)
     unhostable = check_hostable(prepared)
     if unhostable.jobs:
         print(

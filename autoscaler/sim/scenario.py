@@ -325,6 +325,20 @@ class LoadedScenario:
         scenario = validate_settings(Scenario, data, field="", where=self.source)
         return LoadedScenario(scenario, self.base, self.source, self.document)
 
+    def check_replay_length(self, horizon_s: float) -> None:
+        """A window the scenario left to the trace (no ``window_*_s`` or ``busiest_days``) is
+        only known once the trace is read: it is bounded in ticks here, as fixed ones are when
+        the scenario is validated."""
+        tick = self.scenario.controller.tick_seconds
+        if horizon_s / tick > MAX_REPLAY_TICKS:
+            raise InputError(
+                self.document.where(("trace",)) if self.document is not None else self.source,
+                f"the trace spans {horizon_s / tick:,.0f} ticks of {tick:g} s; at most "
+                f"{MAX_REPLAY_TICKS:,} are replayed: set window_start_s and window_end_s or "
+                "busiest_days, or raise controller.tick_seconds",
+                field="trace",
+            )
+
     def path(self, relative: str) -> Path:
         candidate = Path(relative)
         return candidate if candidate.is_absolute() else (self.base / candidate).resolve()

@@ -146,3 +146,19 @@ def test_report_writes_nothing_from_refused_inputs(tmp_path: Path) -> None:
     run = run_cli(["report", "--scenario", str(path), "--out", str(out), "--no-progress"])
     assert run.rc == 2 and "on_demand_price_per_hour: expected a number" in run.err
     assert not out.exists()
+
+
+def test_a_trace_left_to_set_its_own_window_is_bounded_in_ticks_too(tmp_path: Path) -> None:
+    text = (
+        seed_text(SCENARIO)
+        .replace(
+            "trace: {file: trace.csv, window_start_s: 0, window_end_s: 14400}",
+            "trace: {file: trace.csv}",
+        )
+        .replace("tick_seconds: 60", "tick_seconds: 1")
+    )
+    trace = seed_text("trace.csv") + "late,2000000,2000000,60,1,1.0,4,Succeeded,0,,BE,1,,none,\n"
+    line = refused(scenario(tmp_path, **{SCENARIO: text, "trace.csv": trace}))
+    assert line.startswith(
+        f"error: {tmp_path / SCENARIO}:5: trace: the trace spans 2,000,001 ticks of 1 s"
+    ), line
