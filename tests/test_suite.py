@@ -25,6 +25,7 @@ from autoscaler.report.suite import (
     load_suite,
     median_or_none,
     render_markdown,
+    write_suite,
 )
 from autoscaler.sim.engine import prepare
 from autoscaler.sim.scenario import default_scenario_path, load_scenario
@@ -318,6 +319,39 @@ def test_the_suite_can_skip_the_lower_bound_and_keep_some_policies(tmp_path: Pat
     assert [r.policy for r in result.rows] == ["cost-aware", "on-demand"]
     assert result.lower_bound is None and all(r.ratio_to_lower_bound is None for r in result.rows)
     assert result.best_peer == "on-demand"
+
+
+def test_a_suite_report_with_a_figure_that_is_not_finite_is_never_written(tmp_path: Path) -> None:
+    first = named_scenario(tmp_path / "real", "only", [job_row("a", 0, 600)])
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"name: one\nscenarios:\n  - file: {first}\n")
+    out = tmp_path / "out"
+    done = run(
+        "report",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
+        "--no-lower-bound",
+        "--no-progress",
+        cache=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    report = SuiteReport.model_validate_json((out / "suite.json").read_text())
+    (result,) = report.scenarios
+    broken = report.model_copy(
+        update={
+            "scenarios": [
+                result.model_copy(
+                    update={"rows": [result.rows[0].model_copy(update={"cost": math.nan})]}
+                )
+            ]
+        }
+    )
+    with pytest.raises(InputError) as caught:
+        write_suite(broken, tmp_path / "again")
+    assert "cost" in str(caught.value) and "not a finite number" in str(caught.value)
+    assert not (tmp_path / "again" / "suite.json").exists()
 
 
 def test_medians_leave_out_unknown_values() -> None:

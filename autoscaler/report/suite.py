@@ -39,7 +39,7 @@ from autoscaler.model import Frozen
 from autoscaler.policy import build_policy, policy_class
 from autoscaler.report.build import DEFAULT_POLICY, policy_result
 from autoscaler.report.model import LowerBoundResult, PolicyResult
-from autoscaler.report.write import check_out_dir, write_files
+from autoscaler.report.write import check_out_dir, refuse_non_finite, write_files
 from autoscaler.sim.engine import Prepared, prepare, simulate
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, load_scenario
 
@@ -677,7 +677,9 @@ def render_markdown(report: SuiteReport, show_wall: bool = False) -> str:
 
 
 def write_suite(report: SuiteReport, out_dir: Path) -> list[Path]:
-    """suite.json and suite.md, each renamed into place only once fully written."""
+    """suite.json and suite.md, each renamed into place only once fully written, and only
+    when every figure is a finite number."""
+    refuse_non_finite(report.model_dump(mode="python"), report.source, "suite report")
     return write_files(
         out_dir,
         [

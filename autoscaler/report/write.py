@@ -110,13 +110,18 @@ def publishable(report: Report) -> Report:
     """The report as it may leave the process: every figure finite, every string scrubbed.
     A figure that is not a finite number is an ``InputError`` naming its place."""
     data = report.model_dump(mode="python")
+    refuse_non_finite(data, report.source, "report")
+    return Report.model_validate(scrub_strings(data))
+
+
+def refuse_non_finite(data: Any, source: str, what: str) -> None:
+    """An ``InputError`` naming the first figure of ``data`` (plain data) that is not finite."""
     for place, value in _numbers(data, ""):
         if not math.isfinite(value):
             raise InputError(
-                report.source,
-                f"the report's {place} is {value!r}, not a finite number; no report was written",
+                source,
+                f"the {what}'s {place} is {value!r}, not a finite number; no {what} was written",
             )
-    return Report.model_validate(scrub_strings(data))
 
 
 def _numbers(value: Any, place: str) -> Iterator[tuple[str, float]]:
