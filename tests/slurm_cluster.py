@@ -109,7 +109,7 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) -> T:
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = probe()

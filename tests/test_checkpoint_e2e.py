@@ -303,7 +303,7 @@ def test_sqs_warning_checkpoints_requeues_and_resumes_on_another_node(world: Wor
     assert "(signal," in training.log, "the job saved because it was asked"
 
     saved = training.saved_step()
-    resumed = wait_for("the job to start again", lambda: training.started_at_step(1), timeout=30)
+    resumed = wait_for("the job to start again", lambda: training.started_at_step(1), timeout=120)
     assert resumed == saved, "it resumes from the checkpoint it wrote on the notice"
     node = world.cluster.job_field(training.job_id, "NodeList")
     assert node in world.cluster.onprem_nodes
@@ -363,7 +363,7 @@ def test_imds_notice_too_close_for_the_checkpoint_requeues_at_once(world: World)
     (move,) = evacuations(reports)[training.job_id]
     assert move.outcome == "requeued" and "does not fit" in move.detail
     assert "(signal," not in training.log, "a checkpoint that cannot fit is not asked for"
-    resumed = wait_for("the job to start again", lambda: training.started_at_step(1), timeout=30)
+    resumed = wait_for("the job to start again", lambda: training.started_at_step(1), timeout=120)
     assert resumed >= previous, "it resumes from the checkpoint it had before the notice"
 
 
