@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import ssl
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from tenacity import (
 from autoscaler.agent.metadata import AgentNotice, NoticeMetrics
 from autoscaler.errors import InputError, describe
 from autoscaler.logs import register_secret
+from autoscaler.secrets import read_secret_env
 
 log = logging.getLogger(__name__)
 INBOX_PATH = "/v1/notices"
@@ -71,7 +71,7 @@ def load_token(token_file: Path | None, token_env: str) -> str:
             raise InputError(str(token_file), "the token file is empty")
         register_secret(token)
         return token
-    token = os.environ.get(token_env, "").strip()
+    token = read_secret_env(token_env, "--token-env").strip()
     if not token:
         raise InputError(
             "--token-env", f"the environment variable {token_env} holding the token is not set"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import logging
 import math
-import os
 import socket
 import urllib.error
 import urllib.parse
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
+from autoscaler.secrets import read_secret_env
 from autoscaler.sources import GpuSample, SourceError
 from autoscaler.sources.exposition import MAX_FB_MIB, NUMBER
 from autoscaler.sources.job_shape import ShapeSettings
@@ -190,7 +190,7 @@ class _PrometheusApi:
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self.token_env is not None:
-            token = os.environ.get(self.token_env)
+            token = read_secret_env(self.token_env, self.where, "bearer_token_env")
             if not token:
                 raise SourceError(
                     f"{self.where}: environment variable {self.token_env} (bearer_token_env) "

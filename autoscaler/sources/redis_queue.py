@@ -26,7 +26,6 @@ variable holding it, and it is scrubbed from every error this source raises.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -36,6 +35,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
+from autoscaler.secrets import read_secret_env
 from autoscaler.sources import GroupKey, SourceError, groups_from_counts
 from autoscaler.sources.job_shape import (
     BadShapeError,
@@ -256,7 +256,7 @@ class RedisQueueSource:
         variable = self.settings.password_env
         if variable is None:
             return None
-        password = os.environ.get(variable)
+        password = read_secret_env(variable, self._where(), "password_env")
         if not password:
             raise self._failure(f"environment variable {variable} (password_env) is not set")
         return password
