@@ -225,5 +225,5 @@ def test_the_view_names_the_gang_on_each_of_its_nodes(tmp_path: Path) -> None:
     assert len(seen) == 2, "both members, each seen the same way every tick"
     assert {pool for _, pool, _ in seen} == {"od"}
     assert len({gangs for _, _, gangs in seen}) == 1
-    ((job, spans),) = next(iter(seen))[2] or ()
+    ((_, spans),) = next(iter(seen))[2] or ()
     assert spans == 2
