@@ -355,11 +355,12 @@ def test_validate_warns_of_a_pool_whose_gpu_model_nothing_gives(
     config.write_text(
         "fleet_id: f\npools:\n"
         "  - {name: mystery, provider: aws, region: us-east-1, instance_type: x9.big,\n"
-        "     gpus_per_instance: 1, market: spot}\n"
+        "     gpus_per_instance: 1, market: spot, options: {image_id: ami-0123456789abcdef0}}\n"
         "  - {name: stated, provider: aws, region: us-east-1, instance_type: x9.big,\n"
-        "     gpus_per_instance: 1, gpu_model: L4, market: spot}\n"
+        "     gpus_per_instance: 1, gpu_model: L4, market: spot,\n"
+        "     options: {image_id: ami-0123456789abcdef0}}\n"
         "  - {name: known, provider: aws, region: us-east-1, instance_type: g5.xlarge,\n"
-        "     gpus_per_instance: 1, market: spot}\n"
+        "     gpus_per_instance: 1, market: spot, options: {image_id: ami-0123456789abcdef0}}\n"
     )
     assert main(["validate", str(config)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
