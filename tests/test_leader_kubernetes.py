@@ -63,6 +63,10 @@ def make_lock(k8s_api: K8sApi, clock: FakeMonotonic) -> Iterator[Factory]:
             "api_url": k8s_api.url,
             "token": k8s_api.token,
             "monotonic": clock,
+            # The lease runs on the fake clock; the HTTP calls run on the real one, where a busy
+            # machine may take longer than half the 1 s lease to answer. No test here is about
+            # a slow API server, so the wait for an answer is generous.
+            "request_timeout_s": 30.0,
         }
         settings.update(kwargs)
         name = str(settings.pop("name", "controller"))
