@@ -147,11 +147,15 @@ def test_image_serves_health_and_metrics_as_non_root_and_stops_on_sigterm(tmp_pa
         base = f"http://127.0.0.1:{metrics_port}"
         wait_healthy(f"{base}/healthz", podman, container)
 
+        # healthy can come before the first tick has read its source: wait for that tick
+        source_up = re.compile(r'^gpu_autoscaler_source_up\{[^}]*source="sim"[^}]*\} 1\.0$', re.M)
+        deadline = time.monotonic() + 120
         status, metrics = get(f"{base}/metrics")
+        while not source_up.search(metrics) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status, metrics = get(f"{base}/metrics")
         assert status == 200
-        assert re.search(
-            r'^gpu_autoscaler_source_up\{[^}]*source="sim"[^}]*\} 1\.0$', metrics, re.M
-        )
+        assert source_up.search(metrics), metrics
         assert re.search(r"^gpu_autoscaler_pending_gpus 3\.0$", metrics, re.MULTILINE), metrics
         # The inbox took its token from the mounted secret: a wrong token is refused, the
         # right one gets as far as reading the (empty) body.
