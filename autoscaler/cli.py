@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from autoscaler.errors import InputError, describe
 from autoscaler.model import Pool
+from autoscaler.secrets import register_config_secrets, scrub
 
 if TYPE_CHECKING:
     from autoscaler.sim.scenario import LoadedScenario
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except InputError as exc:
         # one line whatever the message carries (a value quoted from a file may hold newlines)
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print("error: " + " ".join(scrub(str(exc)).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -44,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(
-            f"error: {describe(exc)} (this is a bug; run with --debug for details)", file=sys.stderr
+            f"error: {scrub(describe(exc))} (this is a bug; run with --debug for details)",
+            file=sys.stderr,
         )
         return 1
 
@@ -242,6 +244,7 @@ def _run(args: argparse.Namespace) -> int:
     configure(args.log_level, json_lines=args.log_format == "json")
     where = str(args.config)
     config = load_config(args.config)
+    register_config_secrets(config, where)
     clock = SystemClock()
     policy = load_configured_policy(config, where)
     dsn = read_postgres_dsn(config, where)

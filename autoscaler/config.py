@@ -29,6 +29,7 @@ from autoscaler.errors import InputError
 from autoscaler.gpus import memory_gib
 from autoscaler.inputfile import Loc, LocatedDocument, read_yaml, relocate, validate_document
 from autoscaler.model import Frozen, Name, Pool, gpu_model_matches
+from autoscaler.secrets import looks_like_variable_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PLACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$")
@@ -39,7 +40,7 @@ def _env_name(value: str) -> str:
     """A field that names an environment variable. A value that is not a name may be the
     secret itself pasted by mistake, so the error never quotes it (the ``no_echo`` prefix tells
     ``autoscaler.inputfile`` to leave the value out)."""
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.match(value) or not looks_like_variable_name(value):
         raise PydanticCustomError(
             "no_echo_env_name",
             "expected the NAME of an environment variable (letters, digits and _), not its "

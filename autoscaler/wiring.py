@@ -29,6 +29,7 @@ from autoscaler.logs import register_secret
 from autoscaler.observe import Signals
 from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.provider import Provider
+from autoscaler.secrets import read_secret_env
 from autoscaler.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
 from autoscaler.telemetry import IdleTracker
 
@@ -198,7 +199,7 @@ def _build_inbox(config: ControllerConfig, clock: Clock, where: str) -> InboxSer
             ) from None
         field = "inbox.token_file"
     else:
-        token = os.environ.get(settings.token_env, "").strip()
+        token = read_secret_env(settings.token_env, where, "inbox.token_env").strip()
         field = "inbox.token_env"
     if not token:
         source = (
@@ -260,7 +261,7 @@ def _read_postgres_dsn(config: ControllerConfig, where: str) -> str | None:
     name = config.journal.postgres_dsn_env
     if not config.journal.enabled or name is None:
         return None
-    dsn = os.environ.get(name, "").strip()
+    dsn = read_secret_env(name, where, "journal.postgres_dsn_env").strip()
     if not dsn:
         raise InputError(
             where,
