@@ -32,7 +32,7 @@ from autoscaler.lifecycle import InstanceTable
 from autoscaler.logs import configure
 from autoscaler.model import FleetView, Instance, InterruptionNotice, Plan, Pool, PriceQuote
 from autoscaler.observe import Observation, Observer
-from autoscaler.policy import Policy, load_policy
+from autoscaler.policy import Policy
 from autoscaler.preview import LaunchPreview, Preview, Value, preview
 from autoscaler.provider import LaunchResult, Provider
 from autoscaler.secrets import (
@@ -43,7 +43,7 @@ from autoscaler.secrets import (
     scrubbed_error,
 )
 from autoscaler.sources import CheckpointingScheduler
-from autoscaler.wiring import build_providers, build_signals
+from autoscaler.wiring import build_providers, build_signals, load_configured_policy
 
 NOTES = (
     "read-only: nothing was launched, terminated, tagged, drained or requeued",
@@ -153,7 +153,7 @@ def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
     config = load_config(path)
     register_environment_secrets()
     register_config_secrets(config, where)
-    policy = load_policy(config.policy.name, config.policy.params, where=where)
+    policy = load_configured_policy(config, where)
     providers = {name: ReadOnlyProvider(p) for name, p in build_providers(config, where).items()}
     wiring = build_signals(config, where)
     try:

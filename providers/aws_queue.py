@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from autoscaler.clock import Clock, SystemClock
 from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
 from autoscaler.sources.job_shape import ShapeSettings
+from providers.aws import REGION, endpoint_problem, queue_url_problem
 from providers.aws_errors import typed
 
 
@@ -35,6 +36,29 @@ class SqsSourceSettings(ShapeSettings):
         None, gt=0, description="how often the work behind a message checkpoints; unset: never"
     )
     high_priority: bool = False
+
+    @field_validator("queue_url")
+    @classmethod
+    def _a_queue_url(cls, url: str) -> str:
+        problem = queue_url_problem(url)
+        if problem is not None:
+            raise ValueError(f"expected an SQS queue URL: {problem}")
+        return url
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _an_endpoint(cls, url: str | None) -> str | None:
+        problem = endpoint_problem(url) if url is not None else None
+        if problem is not None:
+            raise ValueError(f"expected an http(s) endpoint URL: {problem}")
+        return url
+
+    @field_validator("region")
+    @classmethod
+    def _a_region(cls, region: str) -> str:
+        if not REGION.match(region):
+            raise ValueError("expected an AWS region name such as us-east-1")
+        return region
 
 
 class SqsQueueSource:

@@ -71,18 +71,27 @@ def test_a_missing_queue_is_a_typed_error_not_zero(aws: str) -> None:
     assert "testing-secret" not in str(caught.value)
 
 
+URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
+
+
 def test_settings_errors_name_the_field() -> None:
+    with pytest.raises(InputError, match=r"sources\.jobs\.queue_url: expected an SQS queue URL"):
+        SqsQueueSource.from_config({"queue_url": "q", "region": REGION}, "jobs")
+    with pytest.raises(InputError, match=r"sources\.jobs\.endpoint_url"):
+        SqsQueueSource.from_config(
+            {"queue_url": URL, "region": REGION, "endpoint_url": "ftp://x"}, "jobs"
+        )
     with pytest.raises(InputError, match=r"sources\.jobs\.gpus_per_message"):
         SqsQueueSource.from_config(
-            {"queue_url": "q", "region": REGION, "gpus_per_message": 0}, "jobs"
+            {"queue_url": URL, "region": REGION, "gpus_per_message": 0}, "jobs"
         )
     with pytest.raises(InputError, match=r"sources\.jobs\.region"):
-        SqsQueueSource.from_config({"queue_url": "q"}, "jobs")
+        SqsQueueSource.from_config({"queue_url": URL}, "jobs")
     with pytest.raises(InputError, match=r"sources\.jobs: .*multiple of nodes \(4\)"):
         SqsQueueSource.from_config(
-            {"queue_url": "q", "region": REGION, "gpus_per_message": 6, "nodes": 4}, "jobs"
+            {"queue_url": URL, "region": REGION, "gpus_per_message": 6, "nodes": 4}, "jobs"
         )
     with pytest.raises(InputError, match=r"sources\.jobs\.min_gpu_memory_gib"):
         SqsQueueSource.from_config(
-            {"queue_url": "q", "region": REGION, "min_gpu_memory_gib": -1}, "jobs"
+            {"queue_url": URL, "region": REGION, "min_gpu_memory_gib": -1}, "jobs"
         )
