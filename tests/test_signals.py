@@ -162,7 +162,14 @@ def test_wiring_gives_each_source_the_roles_it_can_play() -> None:
     wiring = build_signals(
         config(
             {"kind": "scrape", "name": "agents", "settings": {"targets": ["h:9400"]}},
-            {"kind": "sqs", "name": "jobs", "settings": {"queue_url": "https://q", "region": "x"}},
+            {
+                "kind": "sqs",
+                "name": "jobs",
+                "settings": {
+                    "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/jobs",
+                    "region": "us-east-1",
+                },
+            },
         )
     )
     assert [s.name for s in wiring.signals.telemetry] == ["agents"]
