@@ -307,21 +307,31 @@ def test_an_underused_node_stays_when_nothing_cheaper_can_host_its_jobs() -> Non
 # -- replacing what is dearer than it needs to be ------------------------------------------------
 
 
-def _od_view(
-    *, spot_price: float, checkpoint: bool = True, multi_node: bool = False, age_s: float = 7200
-) -> FleetView:
-    now = 100_000.0
+def _od_and_spot(
+    now: float, instance_type: str, gpus: int, od_price: float, spot_price: float
+) -> tuple[PoolView, PoolView]:
+    """An on-demand pool and a spot pool of the same V100 instances, each priced."""
     od = Pool(
         name="od",
         provider="aws",
         region="r",
-        instance_type="t1",
-        gpus_per_instance=1,
+        instance_type=instance_type,
+        gpus_per_instance=gpus,
         gpu_model="V100",
         market="on-demand",  # type: ignore[arg-type]
         boot_seconds=180,
     )
     spot = Pool.model_validate({**od.model_dump(), "name": "spot", "market": "spot"})
+    return (
+        PoolView(pool=od, price=PriceQuote(pool="od", price_per_hour=od_price, as_of=now)),
+        PoolView(pool=spot, price=PriceQuote(pool="spot", price_per_hour=spot_price, as_of=now)),
+    )
+
+
+def _od_view(
+    *, spot_price: float, checkpoint: bool = True, multi_node: bool = False, age_s: float = 7200
+) -> FleetView:
+    now = 100_000.0
     node = CloudNode(
         instance_id="od-1",
         pool="od",
@@ -339,12 +349,7 @@ def _od_view(
         now=now,
         tick=9,
         fleet_id="f",
-        pools=(
-            PoolView(pool=od, price=PriceQuote(pool="od", price_per_hour=3.0, as_of=now)),
-            PoolView(
-                pool=spot, price=PriceQuote(pool="spot", price_per_hour=spot_price, as_of=now)
-            ),
-        ),
+        pools=_od_and_spot(now, "t1", 1, 3.0, spot_price),
         instances=(node,),
     )
 
@@ -373,17 +378,6 @@ def _od_gang_view(
 ) -> FleetView:
     """A 2-node job on two 8-GPU on-demand nodes at $24/h each, with a spot pool beside."""
     now = 100_000.0
-    od = Pool(
-        name="od",
-        provider="aws",
-        region="r",
-        instance_type="p3.16xlarge",
-        gpus_per_instance=8,
-        gpu_model="V100",
-        market="on-demand",  # type: ignore[arg-type]
-        boot_seconds=180,
-    )
-    spot = Pool.model_validate({**od.model_dump(), "name": "spot", "market": "spot"})
     nodes = tuple(
         CloudNode(
             instance_id=f"od-{i}",
@@ -404,12 +398,7 @@ def _od_gang_view(
         now=now,
         tick=9,
         fleet_id="f",
-        pools=(
-            PoolView(pool=od, price=PriceQuote(pool="od", price_per_hour=24.0, as_of=now)),
-            PoolView(
-                pool=spot, price=PriceQuote(pool="spot", price_per_hour=spot_price, as_of=now)
-            ),
-        ),
+        pools=_od_and_spot(now, "p3.16xlarge", 8, 24.0, spot_price),
         instances=nodes,
     )
 
