@@ -18,6 +18,7 @@ from autoscaler.capacity import CapacityCache, InterruptionHistory
 from autoscaler.config import ControllerConfig
 from autoscaler.errors import (
     AuthError,
+    CallNotMade,
     CapacityError,
     InvalidRequest,
     ProviderError,
@@ -595,7 +596,10 @@ class Actuator:
             raise
         except Exception as exc:
             guarded.allowance.refund(pool_view, granted)
-            log.exception("provider %s failed unexpectedly while launching", pool.provider)
+            if isinstance(exc, CallNotMade):
+                log.error("%s", exc)
+            else:
+                log.exception("provider %s failed unexpectedly while launching", pool.provider)
             records.append(
                 ActionRecord(
                     "launch",

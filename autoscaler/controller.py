@@ -24,7 +24,7 @@ from autoscaler.capacity import CapacityCache, InterruptionHistory
 from autoscaler.checkpoints import CheckpointLedger
 from autoscaler.clock import Clock
 from autoscaler.config import ControllerConfig
-from autoscaler.errors import InputError, describe
+from autoscaler.errors import CallNotMade, InputError, describe
 from autoscaler.evacuate import EvacuationSettings, Evacuator
 from autoscaler.guard import Clamp, GuardMemory, guard, validate_plan
 from autoscaler.journal import Journal, JournalError
@@ -362,7 +362,9 @@ class CallLedger:
     ) -> None:
         controller = self.controller
         controller.check_fence()
-        if controller.journal is not None:
+        if controller.journal is None:
+            return
+        try:
             controller.journal.call_started(
                 request_id,
                 kind,
@@ -373,6 +375,8 @@ class CallLedger:
                 controller.incarnation,
                 controller.clock.now(),
             )
+        except JournalError as exc:
+            raise CallNotMade(f"{kind} in {pool or provider} not made: {exc}") from exc
 
     def finished(
         self, request_id: str, outcome: str, instance_ids: Sequence[str], detail: str

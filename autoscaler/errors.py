@@ -75,6 +75,11 @@ class InvalidRequest(ProviderError):  # noqa: N818 (the name ARCHITECTURE.md giv
     code = "InvalidRequest"
 
 
+class CallNotMade(Exception):  # noqa: N818 (says what happened, as the cloud errors do)
+    """A mutating cloud call the controller did not make because it could not first write it
+    ahead to the journal: an expected failure of a damaged journal, told in one line."""
+
+
 class InputError(Exception):
     """Bad user input: a config, scenario, trace or price file. Printed as one line, no traceback.
 

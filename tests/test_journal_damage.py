@@ -301,7 +301,7 @@ def overwrite_in_place(path: Path) -> None:
     ids=["deleted", "replaced", "overwritten", "truncated", "garbage"],
 )
 def test_a_journal_damaged_mid_run_is_noticed_and_no_call_goes_unjournaled(
-    tmp_path: Path, harm: object
+    tmp_path: Path, harm: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "j.db"
     journal = open_sqlite(path)
@@ -317,7 +317,9 @@ def test_a_journal_damaged_mid_run_is_noticed_and_no_call_goes_unjournaled(
     assert all("\n" not in e for e in report.errors)
     assert set(t.cloud.instances) == launched, "no launch without its write-ahead row"
     (launch,) = [a for a in report.actions if a.kind == "launch"]
-    assert launch.outcome == "error" and "JournalError" in launch.detail
+    assert launch.outcome == "error" and "CallNotMade: launch in a not made" in launch.detail
+    said = [r for r in caplog.records if "not made" in r.getMessage()]
+    assert said and all(r.exc_info is None for r in said), "an expected failure, not a traceback"
     journal.close()
 
 
