@@ -166,6 +166,8 @@ def _validate(args: argparse.Namespace) -> int:
     from autoscaler.wiring import check_config
 
     document = read_yaml(args.file)
+    if isinstance(document.data, dict) and "scenarios" in document.data:
+        return _validate_suite(args.file)
     if isinstance(document.data, dict) and "controller" in document.data:
         from autoscaler.sim.engine import prepare
         from autoscaler.sim.hostable import check_hostable
@@ -204,6 +206,36 @@ def _validate(args: argparse.Namespace) -> int:
     print(
         f"{args.file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
         f"policy {config.policy.name!r}"
+    )
+    return 0
+
+
+def _validate_suite(path: Path) -> int:
+    """A suite file (it lists ``scenarios``): every scenario and policy checked as
+    ``report --suite`` reads them, each trace read to bound its replay and find jobs that no
+    pool could ever host, before hours of replays would find them."""
+    from autoscaler.report.suite import load_suite
+    from autoscaler.sim.engine import prepare
+    from autoscaler.sim.hostable import check_hostable
+
+    loaded = load_suite(path)
+    jobs = 0
+    for scenario in loaded.scenarios:
+        with scenario.locating():
+            prepared = prepare(scenario)
+        scenario.check_replay_length(prepared.horizon_s)
+        _warn_unknown_models(
+            Path(scenario.source), "controller.pools", scenario.scenario.controller.pools
+        )
+        unhostable = check_hostable(prepared)
+        if unhostable.jobs:
+            print(f"{scenario.source}: trace: {unhostable.describe()}", file=sys.stderr)
+            return 2
+        jobs += len(prepared.selection.jobs)
+    policies = {spec.title for specs in loaded.policies for _, spec in specs}
+    print(
+        f"{path}: ok: suite {loaded.suite.name!r}, {len(loaded.scenarios)} scenarios, "
+        f"{jobs:,} jobs, {len(policies)} policies"
     )
     return 0
 

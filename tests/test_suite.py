@@ -503,3 +503,62 @@ def test_an_unwritable_cache_is_one_clear_error(
     with pytest.raises(InputError) as caught:
         prepare(load_scenario(path))
     assert CACHE_ENV in caught.value.message
+
+
+# ---------------------------------------------------------------- validate on a suite file
+
+
+def long_unwindowed_scenario(folder: Path) -> Path:
+    """A scenario that leaves its window to a trace whose jobs span over a million 1 s ticks."""
+    path = named_scenario(
+        folder,
+        "too-long",
+        jobs=[job_row("a", 0, 60), job_row("b", 1_100_000, 60)],
+        trace="trace: {file: trace.csv}",
+    )
+    path.write_text(path.read_text().replace("tick_seconds: 60", "tick_seconds: 1"))
+    return path
+
+
+def test_validate_checks_a_suite_file_as_report_suite_reads_it(tmp_path: Path) -> None:
+    first = named_scenario(tmp_path / "a", "a", [job_row("j", 0, 600)])
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "name: tiny\npolicies: [{name: cost-aware}, {name: on-demand}]\n"
+        f"scenarios:\n  - file: {first.relative_to(tmp_path)}\n"
+    )
+    done = run("validate", str(suite), cache=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ok: suite 'tiny', 1 scenarios, 1 jobs, 2 policies" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("command", ["validate", "report"])
+def test_a_suite_scenario_too_long_to_replay_is_one_line_naming_its_trace(
+    tmp_path: Path, command: str
+) -> None:
+    first = named_scenario(tmp_path / "a", "a", [job_row("j", 0, 600)])
+    second = long_unwindowed_scenario(tmp_path / "b")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "name: tiny\npolicies: [{name: cost-aware}]\nscenarios:\n"
+        f"  - file: {first.relative_to(tmp_path)}\n  - file: {second.relative_to(tmp_path)}\n"
+    )
+    out = tmp_path / "out"
+    args = (
+        ["validate", str(suite)]
+        if command == "validate"
+        else [
+            "report",
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--no-lower-bound",
+        ]
+    )
+    done = run(*args, cache=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = [s for s in done.stderr.splitlines() if "warning" not in s]
+    assert line.startswith(f"error: {second}:5: trace: the trace spans 1,100,001 ticks"), line
+    assert not out.exists()

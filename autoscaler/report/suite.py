@@ -433,7 +433,9 @@ def run_suite(
     ):
         name = scenario.scenario.name
         began = time.perf_counter()
-        prepared = prepare(scenario)
+        with scenario.locating():
+            prepared = prepare(scenario)
+        scenario.check_replay_length(prepared.horizon_s)
         prepare_s = time.perf_counter() - began
         say(
             f"[{number}/{total}] {name}: {len(prepared.selection.jobs):,} jobs over "
