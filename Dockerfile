@@ -21,6 +21,7 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY autoscaler ./autoscaler
 COPY providers ./providers
 COPY policies ./policies
+COPY node_agent ./node_agent
 
 # Every cloud and the Postgres leader lock, at the versions CI tests (constraints.txt). The venv's
 # own installers go afterwards: the final image installs nothing at run time.

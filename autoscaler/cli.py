@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from autoscaler.errors import InputError, describe
 from autoscaler.model import Pool
-from autoscaler.secrets import register_config_secrets, scrub
+from autoscaler.model.errors import InputError, describe
+from autoscaler.model.secrets import register_config_secrets, scrub
 
 if TYPE_CHECKING:
     from autoscaler.sim.scenario import LoadedScenario
@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(run=_plan)
 
-    from autoscaler.agent.cli import add_arguments as add_agent_arguments
+    from node_agent.cli import add_arguments as add_agent_arguments
 
     agent = commands.add_parser(
         "agent",
@@ -159,11 +159,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> int:
     """A scenario (it has a ``controller``) is checked as ``report`` reads it; a controller
-    config is built as ``run`` and ``plan`` build it (``autoscaler.wiring.check_config``)."""
-    from autoscaler.config import config_from_document
-    from autoscaler.inputfile import read_yaml, relocate
-    from autoscaler.policy import load_policy
-    from autoscaler.wiring import check_config
+    config is built as ``run`` and ``plan`` build it (``autoscaler.app.assembly.check_config``)."""
+    from autoscaler.app.assembly import check_config
+    from autoscaler.model.config import config_from_document
+    from autoscaler.model.inputfile import read_yaml, relocate
+    from autoscaler.spi.policy import load_policy
 
     document = read_yaml(args.file)
     if isinstance(document.data, dict) and "scenarios" in document.data:
@@ -255,14 +255,7 @@ def _warn_unknown_models(file: Path, field: str, pools: Sequence[Pool]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autoscaler.clock import SystemClock
-    from autoscaler.config import load_config
-    from autoscaler.controller import Controller
-    from autoscaler.health import Readiness, StatusServer
-    from autoscaler.logs import configure
-    from autoscaler.metrics import Metrics
-    from autoscaler.runner import Background, Runner
-    from autoscaler.wiring import (
+    from autoscaler.app.assembly import (
         build_inbox,
         build_journal,
         build_lock,
@@ -272,6 +265,13 @@ def _run(args: argparse.Namespace) -> int:
         load_configured_policy,
         read_postgres_dsn,
     )
+    from autoscaler.app.runner import Background, Runner
+    from autoscaler.model.clock import SystemClock
+    from autoscaler.model.config import load_config
+    from autoscaler.model.logs import configure
+    from autoscaler.ops.health import Readiness, StatusServer
+    from autoscaler.ops.metrics import Metrics
+    from autoscaler.tick.controller import Controller
 
     configure(args.log_level, json_lines=args.log_format == "json")
     where = str(args.config)
@@ -315,19 +315,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from autoscaler.planmode import run
+    from autoscaler.app.planmode import run
 
     return run(args)
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from autoscaler.agent.cli import run
+    from node_agent.cli import run
 
     return run(args)
 
 
 def _policies(args: argparse.Namespace) -> int:
-    from autoscaler.policy import POLICY_GROUP, describe_installed, policy_class
+    from autoscaler.spi.policy import POLICY_GROUP, describe_installed, policy_class
 
     for entry in describe_installed(POLICY_GROUP):
         try:

@@ -29,15 +29,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from metadata_servers import FakeAzureImds, FakeGcpMetadata, FakeImds  # noqa: E402
 
-from autoscaler.agent.forward import Forwarder  # noqa: E402
-from autoscaler.agent.hooks import LocalHooks  # noqa: E402
-from autoscaler.agent.main import NoticeDispatch  # noqa: E402
-from autoscaler.agent.metadata import AgentNotice, NoticeMetrics  # noqa: E402
-from autoscaler.agent.metadata_aws import AwsWatcher  # noqa: E402
-from autoscaler.agent.metadata_azure import AzureWatcher  # noqa: E402
-from autoscaler.agent.metadata_gcp import GcpWatcher  # noqa: E402
-from autoscaler.clock import SystemClock  # noqa: E402
-from autoscaler.inbox import InboxServer, NoticeInbox  # noqa: E402
+from autoscaler.model.clock import SystemClock  # noqa: E402
+from autoscaler.ops.inbox import InboxServer, NoticeInbox  # noqa: E402
+from node_agent.forward import Forwarder  # noqa: E402
+from node_agent.hooks import LocalHooks  # noqa: E402
+from node_agent.main import NoticeDispatch  # noqa: E402
+from node_agent.metadata import AgentNotice, NoticeMetrics  # noqa: E402
+from node_agent.metadata_aws import AwsWatcher  # noqa: E402
+from node_agent.metadata_azure import AzureWatcher  # noqa: E402
+from node_agent.metadata_gcp import GcpWatcher  # noqa: E402
 
 TOKEN = "bench-token"
 

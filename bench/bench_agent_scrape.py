@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_pynvml import fake_nvml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from autoscaler.agent.exporter import GpuCollector, GpuMetricsServer
-from autoscaler.agent.gpus import MIB, GpuReader
+from node_agent.exporter import GpuCollector, GpuMetricsServer
+from node_agent.gpus import MIB, GpuReader
 
 
 def timed(rounds: int, step: Callable[[], object]) -> dict[str, float]:

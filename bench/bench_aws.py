@@ -28,14 +28,14 @@ import boto3
 from botocore.awsrequest import AWSResponse
 from moto.server import ThreadedMotoServer
 
-from autoscaler.clock import SystemClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.lifecycle import InstanceTable
+from autoscaler.app.runner import Runner
+from autoscaler.fleet.instances import InstanceTable
 from autoscaler.model import DemandGroup, Instance, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
-from autoscaler.retry import RetryPolicy
-from autoscaler.runner import Runner
+from autoscaler.model.clock import SystemClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 from providers.aws import LISTED_STATES, AwsProvider
 

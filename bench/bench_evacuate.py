@@ -57,14 +57,8 @@ from slurm_cluster import (  # noqa: E402
     wait_for,
 )
 
-from autoscaler.agent.forward import Delivery, Forwarder  # noqa: E402
-from autoscaler.agent.metadata import AgentNotice, NoticeMetrics  # noqa: E402
-from autoscaler.checkpoints import CheckpointLedger  # noqa: E402
-from autoscaler.clock import SystemClock  # noqa: E402
-from autoscaler.config import ControllerConfig  # noqa: E402
-from autoscaler.controller import Controller, TickReport  # noqa: E402
-from autoscaler.evacuate import Evacuator  # noqa: E402
-from autoscaler.inbox import InboxServer, NoticeInbox  # noqa: E402
+from autoscaler.app.runner import Runner  # noqa: E402
+from autoscaler.fleet.checkpoints import CheckpointLedger  # noqa: E402
 from autoscaler.model import (  # noqa: E402
     Instance,
     InstanceState,
@@ -73,11 +67,18 @@ from autoscaler.model import (  # noqa: E402
     Pool,
     PriceQuote,
 )
-from autoscaler.observe import Signals  # noqa: E402
-from autoscaler.provider import LaunchResult  # noqa: E402
-from autoscaler.retry import RetryPolicy  # noqa: E402
-from autoscaler.runner import Runner  # noqa: E402
+from autoscaler.model.clock import SystemClock  # noqa: E402
+from autoscaler.model.config import ControllerConfig  # noqa: E402
+from autoscaler.model.records import TickReport  # noqa: E402
+from autoscaler.ops.inbox import InboxServer, NoticeInbox  # noqa: E402
 from autoscaler.sources.slurm import SlurmAdapter, SlurmSettings  # noqa: E402
+from autoscaler.spi.provider import LaunchResult  # noqa: E402
+from autoscaler.tick.controller import Controller  # noqa: E402
+from autoscaler.tick.evacuate import Evacuator  # noqa: E402
+from autoscaler.tick.observe import Signals  # noqa: E402
+from autoscaler.tick.retry import RetryPolicy  # noqa: E402
+from node_agent.forward import Delivery, Forwarder  # noqa: E402
+from node_agent.metadata import AgentNotice, NoticeMetrics  # noqa: E402
 from policies.cost_aware import CostAwareParams, CostAwarePolicy  # noqa: E402
 
 SINGLE_TARGET_S = 1.0

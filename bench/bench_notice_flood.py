@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fakes import job, pool, rig  # noqa: E402
 
-from autoscaler.inbox import InboxServer, NoticeInbox  # noqa: E402
-from autoscaler.runner import Runner  # noqa: E402
-from autoscaler.wakeups import NOTICE_WAKE_S  # noqa: E402
+from autoscaler.app.runner import Runner  # noqa: E402
+from autoscaler.ops.inbox import InboxServer, NoticeInbox  # noqa: E402
+from autoscaler.spi.wakeups import NOTICE_WAKE_S  # noqa: E402
 
 TOKEN = "bench-flood-token"
 

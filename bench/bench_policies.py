@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from autoscaler.errors import InputError
+from autoscaler.model.errors import InputError
 from autoscaler.report.suite import SuiteReport, load_suite, render_markdown, run_suite, write_suite
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from autoscaler.clock import SystemClock
+from autoscaler.fleet.telemetry import IdleTracker
+from autoscaler.model.clock import SystemClock
 from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
-from autoscaler.telemetry import IdleTracker
 
 TARGET_S = 2.0
 FIELDS = (

@@ -1,6 +1,6 @@
 """The log scrubber's time against the length of what it scrubs: linear now, quadratic before.
 
-Every log line, CLI error, plan output and report string goes through ``autoscaler.secrets``'s
+Every log line, CLI error, plan output and report string goes through ``autoscaler.model.secrets``'s
 scrub, and any upstream error text or notice field can reach it. Issue 15 found its URL
 credential pattern quadratic (1.9 s on 16,000 characters, ~30 s on 64,000, holding the GIL).
 This prints, for texts of growing length in the shapes that hurt (a long run of letters, as an
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from autoscaler.secrets import Secrets
+from autoscaler.model.secrets import Secrets
 
-# The URL-credential pattern issue 15 measured (autoscaler/logs.py before the fix).
+# The URL-credential pattern issue 15 measured (autoscaler/model/logs.py before the fix).
 OLD_URL = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/\s@]+:)[^@\s]+(@)")
 
 FAMILIES: dict[str, Callable[[int], str]] = {

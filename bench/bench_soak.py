@@ -44,8 +44,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autoscaler.journal.base import open_sqlite
-from autoscaler.metrics import Metrics
+from autoscaler.ops.journal.base import open_sqlite
+from autoscaler.ops.metrics import Metrics
 from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.scenario import PolicySpec, default_scenario_path, load_scenario
 

@@ -38,13 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import autoscaler.controller as controller_module
+import autoscaler.tick.controller as controller_module
 import policies.cost_aware as cost_aware_module
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.journal.base import open_sqlite
-from autoscaler.metrics import Metrics
 from autoscaler.model import (
     DemandGroup,
     Instance,
@@ -57,10 +52,15 @@ from autoscaler.model import (
     Pool,
     PriceQuote,
 )
-from autoscaler.policy import load_policy
-from autoscaler.provider import LaunchResult
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeReading, NodeUsage, aggregate
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.ops.journal.base import open_sqlite
+from autoscaler.ops.metrics import Metrics
+from autoscaler.spi.policy import load_policy
+from autoscaler.spi.provider import LaunchResult
+from autoscaler.spi.sources import NodeReading, NodeUsage, aggregate
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 
 TARGET_MEDIAN_MS = 200.0
 PROVIDERS = ("aws", "gcp", "azure")

@@ -32,18 +32,18 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoscaler.catalog import (
+from autoscaler.model import Instance, InstanceState, InterruptionNotice, Pool, PriceQuote
+from autoscaler.model.catalog import (
     AWS_ADVISOR,
     AWS_CATALOG,
     InstanceCatalog,
     SkyPilotCatalog,
     SpotAdvisor,
 )
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import CapacityError, InputError, ProviderError
-from autoscaler.inputfile import validate_settings
-from autoscaler.model import Instance, InstanceState, InterruptionNotice, Pool, PriceQuote
-from autoscaler.provider import (
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.errors import CapacityError, InputError, ProviderError
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.spi.provider import (
     FLEET_TAG,
     LAUNCHED_AT_TAG,
     POOL_TAG,

@@ -6,7 +6,7 @@ botocore is imported inside the function, so importing this module needs no SDK.
 
 from __future__ import annotations
 
-from autoscaler.errors import (
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InvalidRequest,

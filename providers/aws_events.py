@@ -2,7 +2,7 @@
 the node termination handler's queue modes do: spot interruption warnings, rebalance
 recommendations, instance state changes and AWS Health scheduled changes.
 
-Pure functions of the message body; no SDK. Bodies are read strictly (``autoscaler.notice_rules``):
+Pure functions of the message body; no SDK. Bodies are read strictly (``autoscaler.model.notices``):
 at most ``MAX_BODY`` bytes, nesting bounded by the JSON parser, fields of the type AWS sends
 (an instance id is a string, never a number), instance ids bounded, and, given ``now``, an event
 time and a deadline that a clock can reach. Anything else is a ``MalformedEventError`` naming the
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoscaler.model import NoticeKind
-from autoscaler.notice_rules import (
+from autoscaler.model.notices import (
     TIME_MAX_CHARS,
     deadline_problem,
     id_problem,

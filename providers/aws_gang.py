@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from autoscaler.errors import CapacityError, InvalidRequest, ProviderError
 from autoscaler.model import Instance, Pool
-from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
+from autoscaler.model.errors import CapacityError, InvalidRequest, ProviderError
+from autoscaler.spi.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
 from providers.aws_errors import typed
 from providers.placement import KnownGroups, PlacementOption
 

@@ -10,7 +10,7 @@ fails) is counted (``malformed``, and ``gpu_autoscaler_boundary_inputs_total{bou
 "aws-queue", outcome="malformed"}``), logged once with its message id, and left in the queue,
 so that its redrive policy moves it to the dead-letter queue for someone to look at; the good
 messages of the same batch are handled in the same receive. A new notice for an instance the
-controller owns wakes the run loop at once; others are rate-limited (``autoscaler.wakeups``).
+controller owns wakes the run loop at once; others are rate-limited (``autoscaler.spi.wakeups``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autoscaler.clock import Clock
-from autoscaler.errors import describe
 from autoscaler.model import InterruptionNotice, NoticeKind
-from autoscaler.wakeups import Wakeups
+from autoscaler.model.clock import Clock
+from autoscaler.model.errors import describe
+from autoscaler.spi.wakeups import Wakeups
 from providers.aws_events import MalformedEventError, parse_event
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, field_validator
 
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
-from autoscaler.sources.job_shape import ShapeSettings
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.spi.job_shape import ShapeSettings
 from providers.aws import REGION, endpoint_problem, queue_url_problem
 from providers.aws_errors import typed
 

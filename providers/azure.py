@@ -46,9 +46,17 @@ from urllib.request import urlopen
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from autoscaler.catalog import SkyPilotCatalog
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import (
+from autoscaler.model import (
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    NoticeKind,
+    Pool,
+    PriceQuote,
+)
+from autoscaler.model.catalog import SkyPilotCatalog
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InputError,
@@ -59,16 +67,8 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.inputfile import validate_settings
-from autoscaler.model import (
-    Instance,
-    InstanceState,
-    InterruptionNotice,
-    NoticeKind,
-    Pool,
-    PriceQuote,
-)
-from autoscaler.provider import (
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.spi.provider import (
     FLEET_TAG,
     LAUNCHED_AT_TAG,
     POOL_TAG,

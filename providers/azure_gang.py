@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from autoscaler.errors import CapacityError, InvalidRequest
 from autoscaler.model import InstanceState, Pool
-from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
+from autoscaler.model.errors import CapacityError, InvalidRequest
+from autoscaler.spi.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
 from providers.azure import (
     FAILED_STATES,
     STATES,

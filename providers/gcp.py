@@ -41,10 +41,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoscaler.catalog import DATA, SKYPILOT_COLUMNS, CatalogPrice, SkyPilotCatalog
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.csvfile import read_rows
-from autoscaler.errors import (
+from autoscaler.model import (
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    NoticeKind,
+    Pool,
+    PriceQuote,
+)
+from autoscaler.model.catalog import DATA, SKYPILOT_COLUMNS, CatalogPrice, SkyPilotCatalog
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.csvfile import read_rows
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InputError,
@@ -55,16 +63,8 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.inputfile import validate_settings
-from autoscaler.model import (
-    Instance,
-    InstanceState,
-    InterruptionNotice,
-    NoticeKind,
-    Pool,
-    PriceQuote,
-)
-from autoscaler.provider import (
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.spi.provider import (
     FLEET_TAG,
     LAUNCHED_AT_TAG,
     POOL_TAG,

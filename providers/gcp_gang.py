@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from autoscaler.errors import CapacityError, InvalidRequest, ProviderError, TransientError
 from autoscaler.model import InstanceState, Pool
-from autoscaler.provider import LaunchResult
+from autoscaler.model.errors import CapacityError, InvalidRequest, ProviderError, TransientError
+from autoscaler.spi.provider import LaunchResult
 from providers.gcp import (
     STATES,
     GcpProvider,

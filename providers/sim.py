@@ -21,15 +21,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
-from autoscaler.catalog import AWS_CATALOG, InstanceCatalog
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import InputError, InvalidRequest
-from autoscaler.inputfile import validate_settings
 from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
-from autoscaler.provider import LaunchResult
+from autoscaler.model.catalog import AWS_CATALOG, InstanceCatalog
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.errors import InputError, InvalidRequest
+from autoscaler.model.inputfile import validate_settings
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
 from autoscaler.sim.scheduler import SimScheduler
 from autoscaler.sim.series import StepSeries
+from autoscaler.spi.provider import LaunchResult
 
 
 class SimProvider:

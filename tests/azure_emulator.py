@@ -50,9 +50,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 from contract_support import FAULT_KINDS, FLEET, Operation
 
-from autoscaler.clock import Clock
 from autoscaler.model import Pool
-from autoscaler.provider import REQUEST_TAG, Provider
+from autoscaler.model.clock import Clock
+from autoscaler.spi.provider import REQUEST_TAG, Provider
 from providers.azure import TAG_KEYS, AzureProvider, core_tags
 
 SUBSCRIPTION = "8a5d3c1e-0000-4000-8000-00000000a2e0"

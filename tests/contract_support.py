@@ -15,12 +15,12 @@ from typing import Any, ClassVar, Literal, Protocol
 from aws_support import REGION, Faults
 from botocore.awsrequest import AWSResponse
 
-from autoscaler.clock import Clock, ManualClock
 from autoscaler.model import Pool
-from autoscaler.provider import FLEET_TAG, Provider
+from autoscaler.model.clock import Clock, ManualClock
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
 from autoscaler.sim.scheduler import SimScheduler
 from autoscaler.sim.series import StepSeries
+from autoscaler.spi.provider import FLEET_TAG, Provider
 from providers.aws import AwsProvider
 from providers.sim import SimProvider
 

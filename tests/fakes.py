@@ -10,12 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.errors import CapacityError, ProviderError
-from autoscaler.journal import Journal
-from autoscaler.metrics import Metrics
 from autoscaler.model import (
     DemandGroup,
     Instance,
@@ -27,10 +21,16 @@ from autoscaler.model import (
     Pool,
     PriceQuote,
 )
-from autoscaler.policy import Policy
-from autoscaler.provider import LaunchResult
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeReading, NodeUsage, aggregate
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.model.errors import CapacityError, ProviderError
+from autoscaler.ops.journal import Journal
+from autoscaler.ops.metrics import Metrics
+from autoscaler.spi.policy import Policy
+from autoscaler.spi.provider import LaunchResult
+from autoscaler.spi.sources import NodeReading, NodeUsage, aggregate
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwarePolicy
 
 

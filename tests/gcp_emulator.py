@@ -39,9 +39,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from contract_support import FAULT_KINDS, FLEET, Operation
 
-from autoscaler.clock import Clock
 from autoscaler.model import Pool
-from autoscaler.provider import Provider
+from autoscaler.model.clock import Clock
+from autoscaler.spi.provider import Provider
 from providers.gcp import GcpProvider, tags_from_labels
 
 PROJECT = "gpu-autoscaler-test"

@@ -31,9 +31,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from autoscaler.clock import SystemClock
-from autoscaler.inbox import InboxServer, NoticeInbox
 from autoscaler.model import InterruptionNotice
+from autoscaler.model.clock import SystemClock
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
 
 Fault = Literal["malformed", "error", "hang", "garbage"] | None
 

@@ -24,14 +24,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from autoscaler.agent.exporter import (
+from node_agent.exporter import (
     DCGM_FIELDS,
     LABELS,
     ExporterError,
     GpuCollector,
     GpuMetricsServer,
 )
-from autoscaler.agent.gpus import MIB, GpuReader
+from node_agent.gpus import MIB, GpuReader
 
 HOST = "gpu-node-01"
 DATA = Path(__file__).parent / "data" / "dcgm"
@@ -149,7 +149,7 @@ def test_an_unsupported_field_is_left_out_for_that_gpu_only_and_quietly(
 def test_a_lost_gpu_is_left_out_logged_once_and_comes_back(
     nvml: FakeNvml, server: GpuMetricsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="autoscaler.agent")
+    caplog.set_level(logging.INFO, logger="node_agent")
     nvml.gpus[5].lost = True
     for _ in range(3):
         families = scrape(server.port)
@@ -202,7 +202,7 @@ def test_an_unexpected_field_error_is_left_out_and_warned_once(
 
 def test_without_nvml_the_agent_serves_up_0_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     """The real nvidia-ml-py on this machine, which has no NVIDIA driver."""
-    caplog.set_level(logging.INFO, logger="autoscaler.agent")
+    caplog.set_level(logging.INFO, logger="node_agent")
     with GpuMetricsServer(HOST, host="127.0.0.1", port=0) as server:
         assert not server.available
         assert server.reason == "NVML: library not found (no NVIDIA driver on this machine)"
@@ -211,7 +211,7 @@ def test_without_nvml_the_agent_serves_up_0_and_says_why(caplog: pytest.LogCaptu
     assert families["up"][0].value == 0
     assert not [name for name in families if name.startswith("DCGM_")]
     assert families["gpu_agent_info"][0].labels["reason"] == server.reason
-    records = [r for r in caplog.records if r.name.startswith("autoscaler.agent")]
+    records = [r for r in caplog.records if r.name.startswith("node_agent")]
     assert len(records) == 1
     assert records[0].levelno == logging.WARNING and records[0].exc_info is None
     assert "\n" not in records[0].getMessage() and server.reason in records[0].getMessage()
@@ -337,7 +337,7 @@ def test_every_answering_gpu_is_exported_with_exact_unit_conversions(
 ) -> None:
     """Whatever mix of values, unsupported fields and lost GPUs: collection never fails, lost
     GPUs are absent, and MiB and W are the NVML bytes and mW converted exactly."""
-    logging.getLogger("autoscaler.agent").setLevel(logging.ERROR)
+    logging.getLogger("node_agent").setLevel(logging.ERROR)
     nvml = fake_nvml(len(states))
     for gpu, state in zip(nvml.gpus, states, strict=True):
         gpu.util_gpu, gpu.memory_used, gpu.power_mw = state.util, state.used, state.power_mw
@@ -352,7 +352,7 @@ def test_every_answering_gpu_is_exported_with_exact_unit_conversions(
         families = parse(generate_latest(registry).decode())
     finally:
         reader.close()
-        logging.getLogger("autoscaler.agent").setLevel(logging.NOTSET)
+        logging.getLogger("node_agent").setLevel(logging.NOTSET)
 
     answering = [gpu for gpu in nvml.gpus if not gpu.lost]
     assert families["gpu_agent_gpus_lost"][0].value == len(states) - len(answering)

@@ -21,16 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from metadata_servers import ControllerInbox, FakeAzureImds, FakeGcpMetadata, FakeImds
 
-from autoscaler.agent.forward import Delivery, Forwarder
-from autoscaler.agent.hooks import LocalHooks, parse_signal
-from autoscaler.agent.main import NoticeDispatch, detect_cloud
-from autoscaler.agent.metadata import AgentNotice, NoticeMetrics, PollLoop, Watcher
-from autoscaler.agent.metadata_aws import AwsWatcher
-from autoscaler.agent.metadata_azure import AzureAck, AzureWatcher, ScheduledEvent, parse_not_before
-from autoscaler.agent.metadata_gcp import GcpWatcher
-from autoscaler.errors import InputError
 from autoscaler.model import NoticeKind
-from autoscaler.sources import SourceError
+from autoscaler.model.errors import InputError, SourceError
+from node_agent.forward import Delivery, Forwarder
+from node_agent.hooks import LocalHooks, parse_signal
+from node_agent.main import NoticeDispatch, detect_cloud
+from node_agent.metadata import AgentNotice, NoticeMetrics, PollLoop, Watcher
+from node_agent.metadata_aws import AwsWatcher
+from node_agent.metadata_azure import AzureAck, AzureWatcher, ScheduledEvent, parse_not_before
+from node_agent.metadata_gcp import GcpWatcher
 
 
 def errors(metrics: NoticeMetrics, cloud: str) -> float:
@@ -169,7 +168,7 @@ def test_a_broken_imds_answer_is_logged_counted_and_outlived(
     problems = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "autoscaler.agent.metadata" and r.levelno == logging.WARNING
+        if r.name == "node_agent.metadata" and r.levelno == logging.WARNING
     ]
     assert problems, "the failure is logged"
     assert all("\n" not in line and "aws metadata" in line for line in problems)
@@ -364,8 +363,8 @@ def test_an_unreachable_controller_is_retried_briefly_then_reported(
 def test_notices_go_over_tls_to_a_controller_with_a_private_ca(tmp_path: Path) -> None:
     import ssl
 
-    from autoscaler.clock import SystemClock
-    from autoscaler.inbox import InboxServer, NoticeInbox
+    from autoscaler.model.clock import SystemClock
+    from autoscaler.ops.inbox import InboxServer, NoticeInbox
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(

@@ -1,5 +1,6 @@
-"""The folders are the architecture: the core imports no cloud SDK and no provider or policy by
-name; policies see only the model (and their own building blocks)."""
+"""The folders are the architecture: the core's layers point one way (import-linter's contracts in
+pyproject.toml); the core imports no cloud SDK and no provider or policy by name; policies see
+only the model (and their own building blocks); the node agent only the model."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def imports(folder: str) -> dict[Path, set[str]]:
                 names.add(node.module)
         found[path] = names
     return found
+
+
+def test_the_layers_point_one_way_and_no_package_imports_past_its_contract() -> None:
+    """Every import, at module level or inside a function, counts (grimp reads them all)."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 kept, 0 broken" in done.stdout, done.stdout
 
 
 def test_the_core_imports_no_cloud_sdk_provider_or_policy() -> None:
@@ -51,7 +65,7 @@ def test_the_package_imports_and_runs_without_any_cloud_sdk() -> None:
         f"        if name.split('.')[0] in {CLOUD_SDKS!r}:\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import autoscaler.cli, autoscaler.controller, autoscaler.sim.engine, providers.sim\n"
+        "import autoscaler.cli, autoscaler.tick.controller, autoscaler.sim.engine, providers.sim\n"
         "import policies.cost_aware, policies.baselines\n"
         "from autoscaler.cli import main\n"
         "sys.exit(main(['policies']))\n"

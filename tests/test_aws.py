@@ -13,9 +13,10 @@ import pytest
 from aws_support import REGION, Faults, inject
 from botocore.awsrequest import AWSResponse
 
-from autoscaler.catalog import DATA, bucket_rate_per_hour
-from autoscaler.clock import ManualClock
-from autoscaler.errors import (
+from autoscaler.model import InstanceState, NoticeKind, Pool
+from autoscaler.model.catalog import DATA, bucket_rate_per_hour
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InputError,
@@ -25,8 +26,7 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.model import InstanceState, NoticeKind, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.aws import AwsProvider
 
 FLEET = "fleet-a"

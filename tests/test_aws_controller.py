@@ -11,11 +11,11 @@ from botocore.awsrequest import AWSResponse
 from fakes import FakeQueue, job
 from test_aws import FLEET, real_spot_prices
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
 from autoscaler.model import Pool
-from autoscaler.retry import RetryPolicy
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 from providers.aws import AwsProvider
 

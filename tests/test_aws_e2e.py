@@ -18,7 +18,7 @@ from typing import Any
 import boto3
 from aws_support import REGION
 
-from autoscaler.provider import FLEET_TAG
+from autoscaler.spi.provider import FLEET_TAG
 
 CONFIG = """\
 fleet_id: e2e

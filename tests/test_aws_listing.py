@@ -13,10 +13,10 @@ from aws_support import REGION, Faults, inject
 from botocore.awsrequest import AWSResponse
 from test_aws import FLEET, ec2, fleet_pool, provider
 
-from autoscaler.clock import ManualClock
-from autoscaler.errors import ThrottledError, TransientError
 from autoscaler.model import Instance, InstanceState
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import ThrottledError, TransientError
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.aws import LISTED_STATES, UNSEEN_GRACE_S, AwsProvider
 
 NOW = 1_700_000_000.0

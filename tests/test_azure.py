@@ -27,8 +27,9 @@ from azure_emulator import (
     spot_price,
 )
 
-from autoscaler.clock import ManualClock
-from autoscaler.errors import (
+from autoscaler.model import InstanceState, NoticeKind, Pool
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InputError,
@@ -39,8 +40,7 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.model import InstanceState, NoticeKind, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.azure import (
     EMULATOR_TOKEN,
     AzureProvider,
@@ -593,7 +593,8 @@ def test_the_core_and_other_providers_import_without_azure_on_the_path() -> None
         "        if name.split('.')[0] == 'azure':\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import autoscaler.controller, autoscaler.wiring, providers.aws, providers.azure\n"
+        "import autoscaler.tick.controller, autoscaler.app.assembly\n"
+        "import providers.aws, providers.azure\n"
         "from providers.azure import AzureProvider\n"
         "AzureProvider.from_config({'subscription_id': 's', 'resource_group': 'rg'}, [], 'f')\n"
         "print('imported')\n"

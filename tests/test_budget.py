@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_controller import Scripted
 
-from autoscaler.journal.base import Billed, TickEntry, open_sqlite
-from autoscaler.metrics import Metrics
 from autoscaler.model import LaunchRequest, Plan
+from autoscaler.ops.journal.base import Billed, TickEntry, open_sqlite
+from autoscaler.ops.metrics import Metrics
 
 HOUR = 3600.0
 

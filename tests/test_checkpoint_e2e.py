@@ -37,17 +37,18 @@ from slurm_cluster import SlurmCluster, free_port, wait_for
 from test_aws import event, real_spot_prices
 from test_checkpointing_job import EXAMPLE, RecordingLedger, Training
 
-from autoscaler.clock import SystemClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller, TickReport
-from autoscaler.inbox import InboxServer, NoticeInbox
+from autoscaler.app.runner import summary
+from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model import Pool
-from autoscaler.observe import Signals
-from autoscaler.retry import RetryPolicy
-from autoscaler.runner import summary
+from autoscaler.model.clock import SystemClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.model.records import TickReport
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
 from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
 from autoscaler.sources.slurm import SlurmAdapter
-from autoscaler.telemetry import IdleTracker
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.observe import Signals
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 from providers.aws import AwsProvider
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster, wait_for
 
-from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
-from autoscaler.clock import SystemClock
-from autoscaler.inbox import InboxServer, NoticeInbox
+from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
+from autoscaler.model.clock import SystemClock
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
 from autoscaler.sources.slurm import SlurmAdapter
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "checkpointing-job"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.checkpoints import RECENT_REPORTS, CheckpointLedger, CheckpointReport
+from autoscaler.fleet.checkpoints import RECENT_REPORTS, CheckpointLedger, CheckpointReport
 
 
 def test_a_job_that_never_reported_falls_back_to_what_it_declared() -> None:

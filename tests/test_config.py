@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from autoscaler.cli import main
-from autoscaler.config import load_config
-from autoscaler.errors import InputError
+from autoscaler.model.config import load_config
+from autoscaler.model.errors import InputError
 
 GOOD = """\
 fleet_id: prod

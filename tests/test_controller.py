@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from fakes import FakeCloud, FakeQueue, job, pool, rig
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig
-from autoscaler.controller import Controller
-from autoscaler.errors import AuthError, CapacityError, QuotaError, QuotaScope, ThrottledError
 from autoscaler.model import (
     FleetView,
     InstanceState,
@@ -18,8 +14,12 @@ from autoscaler.model import (
     OnPremNode,
     Plan,
 )
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeUsage
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.errors import AuthError, CapacityError, QuotaError, QuotaScope, ThrottledError
+from autoscaler.spi.sources import NodeUsage
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 

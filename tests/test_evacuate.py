@@ -11,15 +11,15 @@ from fakes import FakeCloud, FakeQueue, job, pool
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, InterruptionConfig
-from autoscaler.controller import Controller
-from autoscaler.evacuate import EvacuationSettings, Evacuator, Move
-from autoscaler.metrics import Metrics
+from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import InterruptionNotice, NoticeKind, Placement
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import CheckpointingScheduler, RunningJob
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, InterruptionConfig
+from autoscaler.ops.metrics import Metrics
+from autoscaler.spi.sources import CheckpointingScheduler, RunningJob
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwarePolicy
 
 

@@ -33,16 +33,16 @@ from terraform_support import (
     policy_statements,
 )
 
-from autoscaler.clock import ManualClock
-from autoscaler.errors import (
+from autoscaler.model import InstanceState, Pool
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import (
     CapacityError,
     InputError,
     InvalidRequest,
     ThrottledError,
     TransientError,
 )
-from autoscaler.model import InstanceState, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
 from providers.aws import PLACEMENT_GROUP_NAME, AwsProvider
 from providers.azure import PPG_NAME, AzureProvider, core_tags
 from providers.gcp import RESOURCE_NAME, GcpProvider, tags_from_labels

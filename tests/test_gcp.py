@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from gcp_emulator import IMAGE, LABEL_VALUE, PROJECT, REGION, ComputeEmulator
 
-from autoscaler.catalog import DATA, SKYPILOT_COLUMNS
-from autoscaler.clock import ManualClock
-from autoscaler.errors import (
+from autoscaler.model import InstanceState, NoticeKind, Pool
+from autoscaler.model.catalog import DATA, SKYPILOT_COLUMNS
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     InputError,
@@ -25,9 +26,8 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.model import InstanceState, NoticeKind, Pool
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
-from autoscaler.retry import RetryPolicy
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.tick.retry import RetryPolicy
 from providers.gcp import GcpProvider, instance_name, label_value, tag_value, tags_from_labels
 
 FLEET = "fleet-a"
@@ -519,7 +519,7 @@ def test_the_core_and_this_provider_import_without_google_cloud_compute() -> Non
         "        if name.split('.')[0] == 'google':\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import autoscaler.controller, providers.gcp\n"
+        "import autoscaler.tick.controller, providers.gcp\n"
         "from autoscaler.model import Pool\n"
         "pool = Pool(name='p', provider='gcp', region='us-central1', zone='us-central1-a',\n"
         "            instance_type='a2-highgpu-1g', gpus_per_instance=1, market='spot',\n"

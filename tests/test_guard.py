@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_controller import Scripted
 
-from autoscaler.errors import CapacityError
 from autoscaler.model import DrainRequest, Instance, InstanceState, LaunchRequest, Plan, Pool
+from autoscaler.model.errors import CapacityError
 
 GPU_SHAPES = (1, 2, 4, 8)
 

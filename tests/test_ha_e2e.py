@@ -18,7 +18,7 @@ import boto3
 import psycopg
 from aws_support import REGION, all_instances, eventually, instance_tags, live
 
-from autoscaler.provider import FLEET_TAG, REQUEST_TAG
+from autoscaler.spi.provider import FLEET_TAG, REQUEST_TAG
 
 LEASE_S = 1.5
 TICK_S = 0.3

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fakes import job, pool, rig
 
-from autoscaler.health import Readiness, StatusServer
-from autoscaler.journal.base import open_sqlite
-from autoscaler.metrics import Metrics
+from autoscaler.ops.health import Readiness, StatusServer
+from autoscaler.ops.journal.base import open_sqlite
+from autoscaler.ops.metrics import Metrics
 
 
 class Clock:

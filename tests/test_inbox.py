@@ -19,12 +19,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig
-from autoscaler.errors import InputError
-from autoscaler.inbox import MAX_BODY, InboxServer, NoticeInbox
+from autoscaler.app.assembly import build_inbox
 from autoscaler.model import NoticeKind
-from autoscaler.wiring import build_inbox
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.errors import InputError
+from autoscaler.ops.inbox import MAX_BODY, InboxServer, NoticeInbox
 
 TOKEN = "s3cret-token-value"
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from autoscaler.clock import ManualClock
-from autoscaler.http_in import HttpLimits
-from autoscaler.inbox import MAX_BODY, InboxServer, NoticeInbox
+from autoscaler.model.clock import ManualClock
+from autoscaler.ops.http_in import HttpLimits
+from autoscaler.ops.inbox import MAX_BODY, InboxServer, NoticeInbox
 
 TOKEN = "hostile-test-token"
 NOW = 1_700_000_000.0
@@ -223,7 +223,7 @@ def test_the_token_is_compared_in_constant_time(
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("autoscaler.inbox.hmac.compare_digest", recording)
+    monkeypatch.setattr("autoscaler.ops.inbox.hmac.compare_digest", recording)
     variants = ["", "x", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), " " + TOKEN + "x", "é" + TOKEN]
     for variant in variants:
         assert parsed(exchange(server.port, request(notice(), token=variant)))[0] == 401

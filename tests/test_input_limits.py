@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from autoscaler.csvfile import read_rows
-from autoscaler.errors import InputError
-from autoscaler.inputfile import (
+from autoscaler.model.csvfile import read_rows
+from autoscaler.model.errors import InputError
+from autoscaler.model.inputfile import (
     MAX_DEPTH,
     parse_dotted,
     parse_yaml,
@@ -79,7 +79,7 @@ def test_dates_stay_text_and_an_empty_file_is_an_empty_document() -> None:
 
 
 def test_a_file_too_large_or_not_utf8_is_refused(tmp_path: Path) -> None:
-    from autoscaler.inputfile import read_yaml
+    from autoscaler.model.inputfile import read_yaml
 
     big = tmp_path / "big.yaml"
     big.write_text("a: " + "x" * (1 << 20) + "\n")

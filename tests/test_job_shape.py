@@ -1,4 +1,4 @@
-"""The shape fields a queue item may carry (autoscaler/sources/job_shape.py): what each reads
+"""The shape fields a queue item may carry (autoscaler/spi/job_shape.py): what each reads
 as, what is refused with the field named, and that any value at all either reads into a shape
 a DemandGroup accepts or is refused in one line."""
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.model import Job
-from autoscaler.sources.job_shape import (
+from autoscaler.spi.job_shape import (
     SHAPE_FIELDS,
     BadShapeError,
     JobShape,

@@ -16,8 +16,8 @@ from fakes import job, pool, rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.journal.base import Billed, TickEntry, month_of, open_postgres, open_sqlite
 from autoscaler.model import InstanceState
+from autoscaler.ops.journal.base import Billed, TickEntry, month_of, open_postgres, open_sqlite
 
 HOUR = 3600.0
 
@@ -128,7 +128,7 @@ def _entry(number: int, at: float) -> TickEntry:
 
 WRITER = """
 import sys, time
-from autoscaler.journal.base import Billed, TickEntry, open_sqlite
+from autoscaler.ops.journal.base import Billed, TickEntry, open_sqlite
 from pathlib import Path
 journal = open_sqlite(Path(sys.argv[1]))
 n = 0

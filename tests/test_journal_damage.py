@@ -28,8 +28,8 @@ from fakes import job, pool, rig
 from test_report_journal import DSN_VAR, report_of, start
 
 from autoscaler.cli import main
-from autoscaler.errors import InputError
-from autoscaler.journal.base import (
+from autoscaler.model.errors import InputError
+from autoscaler.ops.journal.base import (
     Billed,
     JournalError,
     TickEntry,

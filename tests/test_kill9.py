@@ -24,8 +24,8 @@ import boto3
 import pytest
 from aws_support import REGION, all_instances, eventually, instance_tags, live
 
-from autoscaler.journal.base import open_sqlite
-from autoscaler.provider import FLEET_TAG, REQUEST_TAG
+from autoscaler.ops.journal.base import open_sqlite
+from autoscaler.spi.provider import FLEET_TAG, REQUEST_TAG
 
 TICK_S = 0.2
 RUNS_PER_SHARD = 25

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_api_emulator import K8sApi
 
-from autoscaler.errors import InputError
-from autoscaler.leader import LeaderLock, LeadershipLost
-from autoscaler.leader.kubernetes import KubernetesLeaseLock
+from autoscaler.model.errors import InputError
+from autoscaler.model.records import LeadershipLost
+from autoscaler.ops.leader import LeaderLock
+from autoscaler.ops.leader.kubernetes import KubernetesLeaseLock
 
 NS = "gpu-autoscaler"
 LEASES = itertools.count()
@@ -222,7 +223,7 @@ def test_an_api_outage_keeps_the_leader_only_until_its_renew_deadline(
     a, b = make_lock("replica-a"), make_lock("replica-b")
     assert a.acquire() == 1
     k8s_api.fail(503)
-    caplog.set_level(logging.WARNING, logger="autoscaler.leader.kubernetes")
+    caplog.set_level(logging.WARNING, logger="autoscaler.ops.leader.kubernetes")
 
     clock.advance(0.3)
     assert a.acquire() is None
@@ -244,7 +245,7 @@ def test_an_api_outage_keeps_the_leader_only_until_its_renew_deadline(
 def test_refused_connections_and_a_wrong_token_are_not_leadership(
     k8s_api: K8sApi, make_lock: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="autoscaler.leader.kubernetes")
+    caplog.set_level(logging.WARNING, logger="autoscaler.ops.leader.kubernetes")
     wrong = make_lock("replica-wrong", token="not-the-token-0123456789")
     assert wrong.acquire() is None
     assert not holds(wrong, 1)

@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from postgres_server import PostgresServer, free_port
 
-from autoscaler.errors import InputError
-from autoscaler.leader import LeaderLock, LeadershipLost
-from autoscaler.leader.postgres import PostgresLeaderLock
+from autoscaler.model.errors import InputError
+from autoscaler.model.records import LeadershipLost
+from autoscaler.ops.leader import LeaderLock
+from autoscaler.ops.leader.postgres import PostgresLeaderLock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # and answers "check" on stdin with the result of check(token) for the token it took.
 HOLDER = """
 import os, sys, threading, time
-from autoscaler.leader import LeadershipLost
-from autoscaler.leader.postgres import PostgresLeaderLock
+from autoscaler.ops.leader import LeadershipLost
+from autoscaler.ops.leader.postgres import PostgresLeaderLock
 
 lease = float(sys.argv[1])
 lock = PostgresLeaderLock(os.environ["LEADER_DSN"], identity="holder", lease_seconds=lease)
@@ -303,7 +304,7 @@ def test_an_unreachable_database_means_standing_by_and_the_password_is_never_log
     password = "Sup3r-secret-pw-77"
     dsn = f"postgresql://autoscaler:{password}@127.0.0.1:{free_port()}/nothing"
     lock = PostgresLeaderLock(dsn, identity="lonely", lease_seconds=2)
-    with caplog.at_level(logging.DEBUG, logger="autoscaler.leader.postgres"):
+    with caplog.at_level(logging.DEBUG, logger="autoscaler.ops.leader.postgres"):
         assert lock.acquire() is None
         with pytest.raises(LeadershipLost):
             lock.check(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.lifecycle import ALLOWED, IllegalTransitionError, InstanceTable
+from autoscaler.fleet.instances import ALLOWED, IllegalTransitionError, InstanceTable
 from autoscaler.model import Instance, InstanceState
 
 S = InstanceState

@@ -9,8 +9,8 @@ import logging
 
 from fakes import job, pool, rig
 
-from autoscaler.logs import JsonFormatter, Secrets, register_environment_secrets
-from autoscaler.runner import log_actions
+from autoscaler.app.runner import log_actions
+from autoscaler.model.logs import JsonFormatter, Secrets, register_environment_secrets
 
 TOKEN = "s3cr3t-agent-token-value"
 
@@ -37,7 +37,7 @@ def test_each_action_is_one_json_event_with_tick_pool_action_and_request_id() ->
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter(Secrets()))
-    runner_log = logging.getLogger("autoscaler.runner")
+    runner_log = logging.getLogger("autoscaler.app.runner")
     runner_log.addHandler(handler)
     level = runner_log.level
     runner_log.setLevel(logging.INFO)
@@ -53,7 +53,7 @@ def test_each_action_is_one_json_event_with_tick_pool_action_and_request_id() ->
     assert event["request_id"] == launch.request_id
     assert event["outcome"] == "ok"
     assert event["instance_ids"] == list(launch.instance_ids)
-    assert event["level"] == "info" and event["logger"] == "autoscaler.runner"
+    assert event["level"] == "info" and event["logger"] == "autoscaler.app.runner"
 
 
 def test_registered_and_shaped_secrets_never_reach_a_line() -> None:
@@ -89,7 +89,7 @@ def test_environment_credentials_are_scrubbed_by_name() -> None:
     }
     register_environment_secrets(env)
     logger, stream = capture(secrets_before)
-    from autoscaler.logs import SECRETS
+    from autoscaler.model.logs import SECRETS
 
     logger.handlers[0].setFormatter(JsonFormatter(SECRETS))
     logger.info("env dump: %s", " ".join(env.values()))
@@ -104,7 +104,7 @@ def test_a_long_message_is_cut_after_it_is_scrubbed_so_no_half_secret_is_left() 
     """An upstream's 100,000-character error body: the line is bounded, says how much was cut,
     and a secret straddling the cut is scrubbed whole first (cutting first would leave its
     first half in the line)."""
-    from autoscaler.logs import MAX_FIELD_CHARS
+    from autoscaler.model.logs import MAX_FIELD_CHARS
 
     secrets = Secrets()
     secrets.add(TOKEN)

@@ -21,9 +21,9 @@ from fakes import FakeQueue, job
 from test_aws import FLEET, real_spot_prices
 from test_aws_controller import zone_pool
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.tick.controller import Controller
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 from providers.aws import AwsProvider
 

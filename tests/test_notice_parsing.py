@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from metadata_servers import ControllerInbox, FakeAzureImds, FakeGcpMetadata, FakeImds
 
-from autoscaler.agent.forward import Forwarder
-from autoscaler.agent.hooks import LocalHooks
-from autoscaler.agent.main import NoticeDispatch
-from autoscaler.agent.metadata import MAX_ANSWER, AgentNotice, NoticeMetrics
-from autoscaler.agent.metadata_aws import AwsWatcher
-from autoscaler.agent.metadata_azure import AzureWatcher, parse_document, preempts
-from autoscaler.agent.metadata_gcp import GcpWatcher
 from autoscaler.model import NoticeKind
-from autoscaler.sources import SourceError
+from autoscaler.model.errors import SourceError
+from node_agent.forward import Forwarder
+from node_agent.hooks import LocalHooks
+from node_agent.main import NoticeDispatch
+from node_agent.metadata import MAX_ANSWER, AgentNotice, NoticeMetrics
+from node_agent.metadata_aws import AwsWatcher
+from node_agent.metadata_azure import AzureWatcher, parse_document, preempts
+from node_agent.metadata_gcp import GcpWatcher
 from providers.aws_events import MalformedEventError, parse_event
 
 DATA = Path(__file__).parent / "data" / "notices"
@@ -259,7 +259,7 @@ def test_a_gcp_preemption_stamped_in_year_9999_is_due_now(gcp: Any) -> None:
     from test_gcp import FLEET, START, gcp_pool
     from test_gcp import provider as gcp_provider_for
 
-    from autoscaler.clock import ManualClock
+    from autoscaler.model.clock import ManualClock
 
     pool = gcp_pool()
     clock = ManualClock(START)

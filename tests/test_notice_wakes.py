@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 from fakes import job, pool, rig
 
-from autoscaler.inbox import InboxServer, NoticeInbox
+from autoscaler.app.runner import Runner
 from autoscaler.model import NoticeKind
-from autoscaler.runner import Runner
-from autoscaler.wakeups import CHECKPOINT_WAKE_S, MAX_REMEMBERED, NOTICE_WAKE_S, Wakeups
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
+from autoscaler.spi.wakeups import CHECKPOINT_WAKE_S, MAX_REMEMBERED, NOTICE_WAKE_S, Wakeups
 
 TOKEN = "wake-test-token"
 
@@ -213,7 +213,7 @@ def test_the_run_loop_is_not_driven_by_a_flood_but_acts_on_a_real_notice_at_once
 
 
 def test_the_counts_are_on_the_controllers_metrics() -> None:
-    from autoscaler.metrics import Metrics
+    from autoscaler.ops.metrics import Metrics
 
     metrics = Metrics()
     t = rig([pool("a")], {"a": 1.0}, metrics=metrics)

@@ -22,7 +22,7 @@ from autoscaler.model import (
     PoolView,
     PriceQuote,
 )
-from autoscaler.sources import NodeUsage
+from autoscaler.spi.sources import NodeUsage
 from policies.baselines import CheapestSpotPolicy
 from policies.karpenter import KarpenterParams, KarpenterPolicy
 from policies.skypilot import SkyPilotManagedPolicy, SkyPilotParams

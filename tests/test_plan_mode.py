@@ -24,7 +24,7 @@ from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from recording_proxy import RecordingProxy
 from redis_server import RedisServer, free_port
 
-from autoscaler.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.azure import azure_tags
 from providers.gcp import labels_for
 

@@ -114,7 +114,7 @@ def test_without_the_plugin_on_the_path_it_is_not_listed(tmp_path: Path) -> None
 
 REPLAY_BY_NAME = """
 import json
-from autoscaler.policy import load_policy
+from autoscaler.spi.policy import load_policy
 from autoscaler.sim import default_scenario_path, load_scenario, prepare, replay
 from autoscaler.sim.scenario import LoadedScenario
 
@@ -173,8 +173,8 @@ def test_loaded_by_name_and_replayed_by_name(site: Path, tmp_path: Path) -> None
 
 
 BAD_PARAMS = """
-from autoscaler.errors import InputError
-from autoscaler.policy import load_policy
+from autoscaler.model.errors import InputError
+from autoscaler.spi.policy import load_policy
 
 for params in ({"warm_gpus": -1}, {"warm_gpu": 4}, {"inner": {"idle_seconds": "soon"}}):
     try:

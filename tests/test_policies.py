@@ -8,7 +8,7 @@ from fakes import pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.capacity import InterruptionHistory
+from autoscaler.fleet.capacity import InterruptionHistory
 from autoscaler.model import (
     CloudNode,
     Demand,

@@ -17,8 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_server import GPUS, PrometheusWorld, free_port
 
-from autoscaler.errors import InputError
-from autoscaler.sources import QueueSource, SourceError, TelemetrySource
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.prometheus import (
     PrometheusQueueSettings,
     PrometheusQueueSource,
@@ -26,6 +25,7 @@ from autoscaler.sources.prometheus import (
     demand_from_samples,
     parse_query_response,
 )
+from autoscaler.spi.sources import QueueSource, TelemetrySource
 
 WHERE = "prometheus source 'work'"
 SUM = 'sum(queue_depth{queue=~"train|infer"})'

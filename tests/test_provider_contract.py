@@ -16,10 +16,10 @@ from contract_support import FAULT_KINDS, FLEET, AwsWorld, GangWorld, SimWorld, 
 from fakes import FakeQueue, job
 from gcp_emulator import GcpWorld
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.errors import (
+from autoscaler.model import InstanceState
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.model.errors import (
     AuthError,
     CapacityError,
     ProviderError,
@@ -27,9 +27,9 @@ from autoscaler.errors import (
     ThrottledError,
     TransientError,
 )
-from autoscaler.model import InstanceState
-from autoscaler.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
-from autoscaler.retry import RetryPolicy
+from autoscaler.spi.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 WORLDS: dict[str, type] = {"aws": AwsWorld, "gcp": GcpWorld, "azure": AzureWorld, "sim": SimWorld}

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis_server import RedisServer, _started, free_port
 
-from autoscaler.errors import InputError
 from autoscaler.model import DemandGroup
-from autoscaler.sources import QueueSource, SourceError
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.redis_queue import RedisQueueSource
+from autoscaler.spi.sources import QueueSource
 
 NOW = 1_800_000_000.0
 

@@ -17,16 +17,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_sim_engine import job_row, small_scenario
 
 from autoscaler.cli import main
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.journal import Journal
-from autoscaler.journal.base import open_postgres, open_sqlite
 from autoscaler.model import InterruptionNotice, Placement
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.ops.journal import Journal
+from autoscaler.ops.journal.base import open_postgres, open_sqlite
 from autoscaler.report.journal import NOTHING_YET
 from autoscaler.report.model import Report
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeUsage, RunningJob
+from autoscaler.spi.sources import NodeUsage, RunningJob
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 # The PostgreSQL server fixtures (one server per session and worker, a database per test).

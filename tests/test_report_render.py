@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 import autoscaler.report.write as write_module
-from autoscaler.errors import InputError
+from autoscaler.model.errors import InputError
 from autoscaler.report.model import (
     GpuHours,
-    LowerBoundResult,
     Percentiles,
     PolicyResult,
     PolicyTimeline,
@@ -24,6 +23,7 @@ from autoscaler.report.model import (
 )
 from autoscaler.report.render import render_html, render_markdown, summary_markdown
 from autoscaler.report.write import write_report
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 
 CHECKPOINT_ASSUMPTION = "Checkpointing: no job checkpoints (the scenario states no rule)."
 HOURS = [0.0, 6.0, 12.0, 24.0, 36.0, 48.0]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from fakes import job, pool, rig
 
-from autoscaler.health import Readiness
-from autoscaler.journal.base import open_sqlite
-from autoscaler.leader import LeadershipLost
-from autoscaler.runner import Runner
+from autoscaler.app.runner import Runner
+from autoscaler.model.records import LeadershipLost
+from autoscaler.ops.health import Readiness
+from autoscaler.ops.journal.base import open_sqlite
 
 
 class ScriptedLock:

@@ -11,10 +11,10 @@ import urllib.request
 
 from fakes import job, pool, rig
 
-from autoscaler.health import Readiness, StatusServer
-from autoscaler.inbox import InboxServer, NoticeInbox
-from autoscaler.metrics import Metrics
-from autoscaler.runner import Runner
+from autoscaler.app.runner import Runner
+from autoscaler.ops.health import Readiness, StatusServer
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
+from autoscaler.ops.metrics import Metrics
 
 TOKEN = "agent-shared-token"
 

@@ -7,11 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_evacuate import CheckpointingFake, running
 
-from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, InterruptionConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.evacuate import EvacuationSettings, Evacuator, Move
+from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import (
     CloudNode,
     FleetView,
@@ -21,8 +17,12 @@ from autoscaler.model import (
     PoolView,
     PriceQuote,
 )
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeUsage, RunningJob
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, InterruptionConfig, Limits
+from autoscaler.spi.sources import NodeUsage, RunningJob
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
+from autoscaler.tick.retry import RetryPolicy
 from policies.common import drain_requests
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from exporter_server import Answer, ExporterServer
 
-from autoscaler.clock import ManualClock
-from autoscaler.errors import InputError
-from autoscaler.sources import SourceError
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.errors import InputError
-from autoscaler.secrets import (
+from autoscaler.model.errors import InputError
+from autoscaler.model.secrets import (
     MAX_LEARNED,
     SECRETS,
     Secrets,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.catalog import SpotAdvisor, bucket_rate_per_hour
-from autoscaler.errors import InputError
+from autoscaler.model.catalog import SpotAdvisor, bucket_rate_per_hour
+from autoscaler.model.errors import InputError
 from autoscaler.sim.market import AvailabilityFile, PriceBook
 from autoscaler.sim.scenario import CheckpointRule, JobMatch, TraceSpec
 from autoscaler.sim.series import StepSeries

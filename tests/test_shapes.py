@@ -13,9 +13,6 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from autoscaler.cli import main
-from autoscaler.config import with_catalog_gpus
-from autoscaler.gpus import memory_gib
-from autoscaler.metrics import Metrics
 from autoscaler.model import (
     Demand,
     DemandGroup,
@@ -29,8 +26,11 @@ from autoscaler.model import (
     PriceQuote,
     gpu_model_matches,
 )
-from autoscaler.policy import POLICY_GROUP, installed, load_policy
-from autoscaler.shapes import offers_of, onprem_kinds, unhostable_groups
+from autoscaler.model.config import with_catalog_gpus
+from autoscaler.model.gpus import memory_gib
+from autoscaler.model.shapes import offers_of, onprem_kinds, unhostable_groups
+from autoscaler.ops.metrics import Metrics
+from autoscaler.spi.policy import POLICY_GROUP, installed, load_policy
 from policies.cost_aware import CostAwareParams
 
 NOW = 1_000_000.0

@@ -11,17 +11,17 @@ from exporter_server import Answer, ExporterServer
 from fakes import FakeCloud, FakeNodes, FakeQueue, FakeScheduler, job, pool
 from prometheus_client import generate_latest
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig, Limits
-from autoscaler.controller import Controller
-from autoscaler.errors import InputError
-from autoscaler.metrics import Metrics
-from autoscaler.observe import Signals
-from autoscaler.retry import RetryPolicy
-from autoscaler.sources import NodeUsage
+from autoscaler.app.assembly import build_signals
+from autoscaler.fleet.telemetry import IdleTracker
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig, Limits
+from autoscaler.model.errors import InputError
+from autoscaler.ops.metrics import Metrics
 from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
-from autoscaler.telemetry import IdleTracker
-from autoscaler.wiring import build_signals
+from autoscaler.spi.sources import NodeUsage
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.observe import Signals
+from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.errors import InputError
+from autoscaler.model.errors import InputError
 from autoscaler.report.build import build_report
 from autoscaler.sim import replay
 from autoscaler.sim.engine import prepare, simulate

@@ -10,8 +10,6 @@ import pytest
 from test_sim_engine import TRACE_HEADER, small_scenario
 
 from autoscaler.cli import main
-from autoscaler.clock import ManualClock
-from autoscaler.errors import InputError
 from autoscaler.model import (
     Capacity,
     CloudNode,
@@ -23,6 +21,8 @@ from autoscaler.model import (
     PoolView,
     PriceQuote,
 )
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import InputError
 from autoscaler.sim import replay
 from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.hostable import check_hostable

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from autoscaler.clock import ManualClock
-from autoscaler.config import ControllerConfig
-from autoscaler.errors import CapacityError, InputError, InvalidRequest
+from autoscaler.app.assembly import build_providers, build_signals
 from autoscaler.model import InstanceState, Pool
-from autoscaler.sources import QueueSource
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.errors import CapacityError, InputError, InvalidRequest
 from autoscaler.sources.static import StaticQueueSource
-from autoscaler.wiring import build_providers, build_signals
+from autoscaler.spi.sources import QueueSource
 from providers.sim import LiveSimProvider, SimProvider
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.clock import ManualClock
 from autoscaler.model import Capacity, OnPremUse, Placement
+from autoscaler.model.clock import ManualClock
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.trace import TraceJob
 
@@ -267,7 +267,7 @@ def test_never_over_commits_and_conserves_gpu_seconds(
 
 
 def test_the_sim_scheduler_is_a_checkpointing_scheduler_for_the_evacuator() -> None:
-    from autoscaler.sources import CheckpointingScheduler
+    from autoscaler.spi.sources import CheckpointingScheduler
 
     asked: list[tuple[SimJob, int, float, float]] = []
     clock = ManualClock(0.0)

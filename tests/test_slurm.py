@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from slurm_cluster import SlurmCluster, stop_pid_files, wait_for
 
-from autoscaler.errors import InputError
 from autoscaler.model import OnPremUse, Placement
-from autoscaler.sources import NodeSource, QueueSource, SourceError, WorkloadScheduler
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.slurm import SlurmAdapter
+from autoscaler.spi.sources import NodeSource, QueueSource, WorkloadScheduler
 
 JOIN_SCRIPT = Path(__file__).resolve().parent.parent / "autoscaler/data/slurm/join-cloud-node.sh"
 AdapterFactory = Callable[..., SlurmAdapter]

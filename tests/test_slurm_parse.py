@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.model import DemandGroup
-from autoscaler.sources import SourceError, aggregate
+from autoscaler.model.errors import SourceError
 from autoscaler.sources.slurm import DEFAULT_IGNORED_REASONS
 from autoscaler.sources.slurm_features import FeatureSyntaxError, GpuNeeds, gpu_needs
 from autoscaler.sources.slurm_json import (
@@ -32,6 +32,7 @@ from autoscaler.sources.slurm_json import (
     pending_jobs,
     read_nodes,
 )
+from autoscaler.spi.sources import aggregate
 
 DATA = Path(__file__).parent / "data" / "slurm"
 SQUEUE = (DATA / "squeue.json").read_text()

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from slurm_cluster import SlurmCluster, wait_for
 
-from autoscaler.sources import CheckpointingScheduler, RunningJob, SourceError
+from autoscaler.model.errors import SourceError
 from autoscaler.sources.slurm import SlurmAdapter
 from autoscaler.sources.slurm_json import (
     DemandRules,
@@ -25,6 +25,7 @@ from autoscaler.sources.slurm_json import (
     parse_checkpointing,
     read_running_jobs,
 )
+from autoscaler.spi.sources import CheckpointingScheduler, RunningJob
 
 CAPTURED = json.loads((Path(__file__).parent / "data" / "slurm" / "squeue.json").read_text())
 TEMPLATE = next(job for job in CAPTURED["jobs"] if job["job_state"] == "RUNNING")

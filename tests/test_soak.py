@@ -16,8 +16,8 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.journal.base import open_sqlite
-from autoscaler.metrics import Metrics
+from autoscaler.ops.journal.base import open_sqlite
+from autoscaler.ops.metrics import Metrics
 from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.scenario import PolicySpec, default_scenario_path, load_scenario
 

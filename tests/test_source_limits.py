@@ -18,12 +18,11 @@ import pytest
 from answer_server import AnswerServer
 from exporter_server import Answer, ExporterServer
 
-from autoscaler.clock import ManualClock
-from autoscaler.errors import InputError
+from autoscaler.fleet.telemetry import FUTURE_SKEW_S, IdleTracker
 from autoscaler.model import OnPremUse, Placement
-from autoscaler.sources import GpuSample, SourceError
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.exposition import ExpositionError, read_exposition
-from autoscaler.sources.job_shape import BadShapeError, JobShape, ShapeReader
 from autoscaler.sources.prometheus import (
     PrometheusQueueSettings,
     PrometheusQueueSource,
@@ -42,7 +41,8 @@ from autoscaler.sources.slurm_json import (
     read_running_jobs,
 )
 from autoscaler.sources.static import StaticQueueSource
-from autoscaler.telemetry import FUTURE_SKEW_S, IdleTracker
+from autoscaler.spi.job_shape import BadShapeError, JobShape, ShapeReader
+from autoscaler.spi.sources import GpuSample
 
 RULES = DemandRules(ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS), high_priority_min=1000)
 NOW = 1_795_249_300.0

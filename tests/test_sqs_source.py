@@ -7,7 +7,7 @@ import boto3
 import pytest
 from aws_support import REGION
 
-from autoscaler.errors import InputError, ProviderError
+from autoscaler.model.errors import InputError, ProviderError
 from providers.aws_queue import SqsQueueSource
 
 

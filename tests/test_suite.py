@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_sim_engine import job_row, small_scenario
 
-from autoscaler.errors import InputError
 from autoscaler.model import gpu_model_matches
+from autoscaler.model.errors import InputError
 from autoscaler.report.suite import (
     SuiteReport,
     load_suite,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.sources import GpuSample, NodeUsage
-from autoscaler.telemetry import IdleTracker, NodeTelemetry, apply
+from autoscaler.fleet.telemetry import IdleTracker, NodeTelemetry, apply
+from autoscaler.spi.sources import GpuSample, NodeUsage
 
 THRESHOLD = 5.0
 WINDOW = 600.0

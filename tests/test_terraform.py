@@ -38,9 +38,9 @@ from terraform_support import (
     render_template,
 )
 
-from autoscaler.config import load_config
-from autoscaler.provider import FLEET_TAG
-from autoscaler.wiring import build_providers
+from autoscaler.app.assembly import build_providers
+from autoscaler.model.config import load_config
+from autoscaler.spi.provider import FLEET_TAG
 from providers.aws_events import HEALTH, LEAVING_STATES, REBALANCE, SPOT_WARNING, STATE_CHANGE
 
 MODULES = ("aws", "gcp", "azure")

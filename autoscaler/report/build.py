@@ -9,7 +9,6 @@ from autoscaler.report.model import (
     CheckpointComparison,
     CheckpointSide,
     GpuHours,
-    LowerBoundResult,
     Percentiles,
     PolicyResult,
     PolicyTimeline,
@@ -21,6 +20,7 @@ from autoscaler.report.model import (
 )
 from autoscaler.sim.engine import Prepared, SimResult, Timeline
 from autoscaler.sim.hostable import check_hostable
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 
 HOUR = 3600.0
 DEFAULT_POLICY = "cost-aware"

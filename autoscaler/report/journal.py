@@ -9,7 +9,7 @@ claim.
 The journal is only read, never written: SQLite is opened with ``mode=ro`` (a running
 controller keeps writing undisturbed, WAL readers never block it) and PostgreSQL in a read-only
 transaction. Every read happens in one transaction, so the figures come from one snapshot.
-Every row is parsed with the limits of what the controller writes (``autoscaler.journal.rows``):
+Every row is parsed with the limits of what the controller writes (``autoscaler.ops.journal.rows``):
 text in a number's column, NaN, a time no clock could reach or a schema version that is not a
 number end the report with one line naming the journal, the table, the row and the column,
 never in a figure made of garbage.
@@ -29,11 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from autoscaler.errors import InputError
-from autoscaler.journal import rows
-from autoscaler.journal.base import SpendRow
-from autoscaler.journal.rows import ActionFigures, CostsRow, RowError, TickFigures, Time1
-from autoscaler.journal.schema import SCHEMA_VERSION
+from autoscaler.model.errors import InputError
+from autoscaler.model.secrets import read_secret_env
+from autoscaler.ops.journal import rows
+from autoscaler.ops.journal.base import SpendRow
+from autoscaler.ops.journal.rows import ActionFigures, CostsRow, RowError, TickFigures, Time1
+from autoscaler.ops.journal.schema import SCHEMA_VERSION
 from autoscaler.report.build import HOUR, MAX_POINTS, percentiles
 from autoscaler.report.model import (
     GpuHours,
@@ -46,7 +47,6 @@ from autoscaler.report.model import (
     Series,
     WindowInfo,
 )
-from autoscaler.secrets import read_secret_env
 
 POLICY = "journal"
 LABEL = "Real (journal)"

@@ -26,13 +26,13 @@ from matplotlib.ticker import FuncFormatter
 from autoscaler.report.model import (
     CheckpointComparison,
     JournalFacts,
-    LowerBoundResult,
     Percentiles,
     PolicyResult,
     Report,
     Series,
     WindowInfo,
 )
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType

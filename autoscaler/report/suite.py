@@ -33,15 +33,16 @@ from pathlib import Path
 
 from pydantic import Field, NonNegativeFloat
 
-from autoscaler.errors import InputError
-from autoscaler.inputfile import LocatedDocument, read_yaml, validate_document
 from autoscaler.model import Frozen
-from autoscaler.policy import build_policy, policy_class
+from autoscaler.model.errors import InputError
+from autoscaler.model.inputfile import LocatedDocument, read_yaml, validate_document
 from autoscaler.report.build import DEFAULT_POLICY, policy_result
-from autoscaler.report.model import LowerBoundResult, PolicyResult
+from autoscaler.report.model import PolicyResult
 from autoscaler.report.write import check_out_dir, refuse_non_finite, write_files
 from autoscaler.sim.engine import Prepared, prepare, simulate
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, load_scenario
+from autoscaler.spi.policy import build_policy, policy_class
 
 HOUR = 3600.0
 DASH = "—"

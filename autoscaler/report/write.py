@@ -21,10 +21,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from autoscaler.errors import InputError
+from autoscaler.model.errors import InputError
+from autoscaler.model.secrets import SECRETS, scrub_strings
 from autoscaler.report.model import Report
 from autoscaler.report.render import render_html, render_markdown
-from autoscaler.secrets import SECRETS, scrub_strings
 
 # mkstemp creates files only the owner can read; a report is meant to be shared and served.
 FILE_MODE = 0o644

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autoscaler.policy import Policy
 from autoscaler.sim.engine import Prepared, SimResult, prepare, simulate
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, default_scenario_path, load_scenario
+from autoscaler.spi.policy import Policy
 
 __all__ = [
     "LoadedScenario",

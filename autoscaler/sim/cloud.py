@@ -10,7 +10,6 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoscaler.errors import CapacityError
 from autoscaler.model import (
     Capacity,
     Instance,
@@ -20,10 +19,11 @@ from autoscaler.model import (
     Pool,
     PriceQuote,
 )
-from autoscaler.provider import LaunchResult
+from autoscaler.model.errors import CapacityError
 from autoscaler.sim.market import AvailabilityTrace
 from autoscaler.sim.scheduler import SimScheduler
 from autoscaler.sim.series import StepSeries
+from autoscaler.spi.provider import LaunchResult
 
 HOUR = 3600.0
 

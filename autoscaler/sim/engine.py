@@ -17,16 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.catalog import SpotAdvisor
-from autoscaler.clock import ManualClock
-from autoscaler.controller import Controller, TickReport
-from autoscaler.errors import InputError
-from autoscaler.gpus import memory_gib
-from autoscaler.journal import Journal
-from autoscaler.metrics import Metrics
 from autoscaler.model import Capacity
-from autoscaler.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
-from autoscaler.retry import RetryPolicy
+from autoscaler.model.catalog import SpotAdvisor
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import InputError
+from autoscaler.model.gpus import memory_gib
+from autoscaler.model.records import TickReport
+from autoscaler.ops.journal import Journal
+from autoscaler.ops.metrics import Metrics
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
 from autoscaler.sim.market import AvailabilityFile, PriceBook
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket, Scenario
@@ -34,6 +32,9 @@ from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.series import StepSeries
 from autoscaler.sim.synthetic import trace_path
 from autoscaler.sim.trace import TraceSelection, load_trace
+from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.retry import RetryPolicy
 
 _ORDER = {
     "reclaim": 0,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoscaler.gpus import memory_gib
 from autoscaler.model import OnPremNode
-from autoscaler.shapes import NodeOffer, can_host, offers_of, onprem_kinds, why_not
+from autoscaler.model.gpus import memory_gib
+from autoscaler.model.shapes import NodeOffer, can_host, offers_of, onprem_kinds, why_not
 from autoscaler.sim.engine import Prepared
 from autoscaler.sim.scenario import Scenario
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.report.model import LowerBoundResult
 from autoscaler.sim.engine import Prepared
 from autoscaler.sim.lowerbound_classes import (
     BoundClass,
@@ -32,6 +31,7 @@ from autoscaler.sim.lowerbound_lp import (
     LINEAR_PROGRAM,
     solve,
 )
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.series import StepSeries
 
 __all__ = [

@@ -17,9 +17,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from autoscaler.gpus import memory_gib
 from autoscaler.model import NodeShape, OnPremNode, Pool
-from autoscaler.shapes import NodeOffer, can_host, offers_of, onprem_kinds
+from autoscaler.model.gpus import memory_gib
+from autoscaler.model.shapes import NodeOffer, can_host, offers_of, onprem_kinds
 from autoscaler.sim.cloud import PoolMarketModel
 from autoscaler.sim.series import StepSeries
 
@@ -186,7 +186,7 @@ def onprem_memory(kind: OnPremKind) -> float | None:
 
 
 def _offers(onprem: Sequence[OnPremKind], pools: Sequence[Pool]) -> list[NodeOffer]:
-    """The fleet as ``autoscaler.shapes`` sees it, so "can ever run" means the same here as in
+    """The fleet as ``autoscaler.model.shapes`` sees it, so "can ever run" means the same here as in
     ``validate``, the report's note and the controller's unhostable-jobs metric."""
     nodes = [
         OnPremNode(

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.csvfile import read_rows
-from autoscaler.errors import InputError
+from autoscaler.model.csvfile import read_rows
+from autoscaler.model.errors import InputError
 from autoscaler.sim.series import StepSeries
 
 PRICE_COLUMNS = ("timestamp", "cloud", "region", "instance_type")

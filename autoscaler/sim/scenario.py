@@ -5,11 +5,11 @@ checkpoint, how often and for how long; which are high priority), the on-prem fl
 controller config with its pools, where each pool's prices and interruptions come from, and the
 policies to compare. Paths are relative to the scenario file.
 
-Besides the numeric rule of every YAML file (``autoscaler.inputfile``), a scenario is bounded so
-that a replay always ends in reasonable time: the window is at most a year and a day and at most
-``MAX_REPLAY_TICKS`` controller ticks, a tick is at least a second, a checkpoint interval at
-least a second, an interruption rate at most ``MAX_RATE_PER_HOUR`` an hour, the lower bound's
-bins at least a minute, and the on-prem fleet at most ``MAX_ONPREM_NODES`` nodes of at most
+Besides the numeric rule of every YAML file (``autoscaler.model.inputfile``), a scenario is
+bounded so that a replay always ends in reasonable time: the window is at most a year and a day
+and at most ``MAX_REPLAY_TICKS`` controller ticks, a tick is at least a second, a checkpoint
+interval at least a second, an interruption rate at most ``MAX_RATE_PER_HOUR`` an hour, the lower
+bound's bins at least a minute, and the on-prem fleet at most ``MAX_ONPREM_NODES`` nodes of at most
 ``MAX_NODE_GPUS`` GPUs.
 """
 
@@ -32,17 +32,17 @@ from pydantic import (
     model_validator,
 )
 
-from autoscaler.config import ControllerConfig
-from autoscaler.csvfile import parse_timestamp
-from autoscaler.errors import InputError
-from autoscaler.inputfile import (
+from autoscaler.model import Frozen, Name
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.csvfile import parse_timestamp
+from autoscaler.model.errors import InputError
+from autoscaler.model.inputfile import (
     LocatedDocument,
     read_yaml,
     relocate,
     validate_document,
     validate_settings,
 )
-from autoscaler.model import Frozen, Name
 from autoscaler.sim.synthetic import SyntheticTraceSpec
 
 DAY = 86_400.0

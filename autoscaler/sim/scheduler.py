@@ -23,11 +23,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from autoscaler.checkpoints import CheckpointLedger, CheckpointReport
-from autoscaler.clock import Clock
+from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
+from autoscaler.model.clock import Clock
 from autoscaler.sim.trace import TraceJob
-from autoscaler.sources import NodeReading, NodeUsage, RunningJob
+from autoscaler.spi.sources import NodeReading, NodeUsage, RunningJob
 
 CHECKPOINT_SIGNAL = "USR1"
 

@@ -57,8 +57,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from autoscaler.errors import InputError
 from autoscaler.model import Frozen
+from autoscaler.model.errors import InputError
 
 if TYPE_CHECKING:
     from autoscaler.sim.scenario import LoadedScenario

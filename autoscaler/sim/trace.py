@@ -13,9 +13,9 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.csvfile import Row, read_rows
-from autoscaler.errors import InputError
 from autoscaler.model import NodeShape
+from autoscaler.model.csvfile import Row, read_rows
+from autoscaler.model.errors import InputError
 from autoscaler.sim.scenario import DAY, MAX_WINDOW_S, CheckpointRule, JobMatch, TraceSpec
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")

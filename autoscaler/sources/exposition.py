@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from autoscaler.sources import GpuSample
-from autoscaler.telemetry import FUTURE_SKEW_S
+from autoscaler.fleet.telemetry import FUTURE_SKEW_S
+from autoscaler.spi.sources import GpuSample
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"

@@ -24,13 +24,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from autoscaler.inputfile import validate_settings
+from autoscaler.fleet.telemetry import FUTURE_SKEW_S
 from autoscaler.model import DemandGroup
-from autoscaler.secrets import read_secret_env
-from autoscaler.sources import GpuSample, SourceError
+from autoscaler.model.errors import SourceError
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.model.secrets import read_secret_env
 from autoscaler.sources.exposition import MAX_FB_MIB, NUMBER
-from autoscaler.sources.job_shape import ShapeSettings
-from autoscaler.telemetry import FUTURE_SKEW_S
+from autoscaler.spi.job_shape import ShapeSettings
+from autoscaler.spi.sources import GpuSample
 
 log = logging.getLogger(__name__)
 

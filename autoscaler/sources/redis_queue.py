@@ -14,7 +14,7 @@ waiting entry says how long work has waited; a list carries no such time and rea
 
 With ``item_shapes``, the waiting items are read too (``LRANGE``/``XRANGE``, which take nothing
 from the workers), and an item that is a JSON object, or a stream entry, with shape fields
-(``autoscaler.sources.job_shape``) is a job of that shape. Reading costs a round trip per
+(``autoscaler.spi.job_shape``) is a job of that shape. Reading costs a round trip per
 thousand items, so at most ``max_items_read`` are read a tick (the oldest); the rest count with
 the settings' shape. An item whose shape fields are wrong is left out of demand and logged: a
 shape we cannot read cannot be launched for, and one bad producer must not hide everyone's work.
@@ -33,17 +33,18 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
-from autoscaler.secrets import read_secret_env
-from autoscaler.sources import GroupKey, SourceError, groups_from_counts
-from autoscaler.sources.job_shape import (
+from autoscaler.model.errors import SourceError
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.model.secrets import read_secret_env
+from autoscaler.spi.job_shape import (
     BadShapeError,
     JobShape,
     ShapeReader,
     ShapeSettings,
     json_item_fields,
 )
+from autoscaler.spi.sources import GroupKey, groups_from_counts
 
 if TYPE_CHECKING:
     import redis

@@ -34,11 +34,11 @@ from pydantic import (
     model_validator,
 )
 
-from autoscaler.clock import Clock, SystemClock
-from autoscaler.errors import InputError
-from autoscaler.inputfile import read_yaml, validate_settings
-from autoscaler.sources import GpuSample, SourceError
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.errors import InputError, SourceError
+from autoscaler.model.inputfile import read_yaml, validate_settings
 from autoscaler.sources.exposition import UTIL, ExpositionError, read_exposition
+from autoscaler.spi.sources import GpuSample
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024

@@ -25,9 +25,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, field_validator
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
-from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup, OnPremUse, Placement
-from autoscaler.sources import NodeReading, NodeUsage, RunningJob, SourceError
+from autoscaler.model.errors import SourceError
+from autoscaler.model.inputfile import validate_settings
 from autoscaler.sources.slurm_json import (
     NODE_LIMIT_REASON,
     DemandRules,
@@ -40,6 +40,7 @@ from autoscaler.sources.slurm_json import (
     read_nodes,
     read_running_jobs,
 )
+from autoscaler.spi.sources import NodeReading, NodeUsage, RunningJob
 
 DEFAULT_IGNORED_REASONS = (
     "Dependency",

@@ -38,14 +38,15 @@ from typing import Any, NamedTuple
 import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
-from autoscaler.sources import GroupKey, RunningJob, SourceError, groups_from_counts
-from autoscaler.sources.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
+from autoscaler.model.errors import SourceError
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
     GpuNeeds,
     gpu_needs,
     node_gpu_facts,
 )
+from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
+from autoscaler.spi.sources import GroupKey, RunningJob, groups_from_counts
 
 log = logging.getLogger(__name__)
 

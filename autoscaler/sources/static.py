@@ -21,10 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from autoscaler.inputfile import validate_settings
 from autoscaler.model import DemandGroup
-from autoscaler.sources import GroupKey, groups_from_counts
-from autoscaler.sources.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES, ModelName
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES, ModelName
+from autoscaler.spi.sources import GroupKey, groups_from_counts
 
 # Bounds every reading keeps: more jobs than any queue holds, or a wait of more than ten years,
 # is a typo, not a drill.

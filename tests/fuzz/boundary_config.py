@@ -7,7 +7,7 @@ The rules checked for every input, independently of the code under test:
   unexpected exception escapes ``check`` and counts as one); exit 2 prints exactly one error
   line, ``error: <file>:<line>: ...`` (the line is left out only for whole-file problems);
 * a config ``validate`` accepts is accepted by what ``run`` and ``plan`` build (the policy, the
-  providers and the sources, ``autoscaler.wiring``): an ``InputError`` there is a silent wrong
+  providers and the sources, ``autoscaler.app.assembly``): an ``InputError`` there is a silent wrong
   answer of ``validate``; one that only uses the simulated cloud and static queues is then
   planned (``plan``'s ``make_report``), and its plan must be finite with no negative demand;
 * no accepted config holds a number that is not finite or is larger than 1e15 in magnitude,
@@ -33,10 +33,15 @@ from typing import Any
 import yaml
 from harness import Outcome, mutate_text
 
+from autoscaler.app.assembly import (
+    build_providers,
+    build_signals,
+    close_all,
+    load_configured_policy,
+)
 from autoscaler.cli import main
-from autoscaler.config import load_config
-from autoscaler.errors import InputError
-from autoscaler.wiring import build_providers, build_signals, close_all, load_configured_policy
+from autoscaler.model.config import load_config
+from autoscaler.model.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NUMBER = 1e15

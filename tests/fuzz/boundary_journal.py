@@ -41,9 +41,9 @@ from fakes import Rig, job, pool, rig
 from harness import Outcome, mutate_text
 
 from autoscaler.cli import main
-from autoscaler.errors import InputError
-from autoscaler.journal.base import JournalError, open_journal, open_sqlite
-from autoscaler.journal.rows import LATEST_TIME
+from autoscaler.model.errors import InputError
+from autoscaler.ops.journal.base import JournalError, open_journal, open_sqlite
+from autoscaler.ops.journal.rows import LATEST_TIME
 from autoscaler.report.journal import build_journal_report, read_journal
 from autoscaler.report.render import summary_markdown
 from autoscaler.report.write import publishable

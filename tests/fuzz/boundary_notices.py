@@ -1,7 +1,7 @@
 """The notice boundaries of issue 15's table, fuzzed.
 
 * ``InboxBoundary`` — the node agents' notice inbox over HTTP. Most inputs go through the inbox's
-  real request handling over memory (``autoscaler.http_in.respond``: the same code a socket
+  real request handling over memory (``autoscaler.ops.http_in.respond``: the same code a socket
   runs); a share is sent over raw TCP to a real inbox served beside a real run loop (``Runner``
   over the test rig's controller), which also checks that notices never drive ticks beyond the
   documented rate limit.
@@ -11,7 +11,7 @@
   malformed: the good warning must come out of the same receive.
 
 Each ``check`` runs the real code and judges what it accepted against an independent reading of
-the documented rule (``autoscaler.notice_rules``, restated here): instance names of 1 to 256
+the documented rule (``autoscaler.model.notices``, restated here): instance names of 1 to 256
 characters of ``A-Za-z0-9_.:/@-``; deadlines finite, no more than 14 days before the clock's now
 and no more than 366 days after; an input built to be refused must be refused, one built to be
 good must be taken.
@@ -37,17 +37,17 @@ from typing import Any, Literal
 
 from harness import Boundary, Outcome, mutate_text
 
-from autoscaler.agent.metadata import AgentNotice, NoticeMetrics
-from autoscaler.agent.metadata_aws import instance_action, parse_document, rebalance
-from autoscaler.agent.metadata_azure import parse_document as parse_azure
-from autoscaler.agent.metadata_azure import preempts
-from autoscaler.agent.metadata_gcp import GcpWatcher
-from autoscaler.clock import ManualClock
-from autoscaler.http_in import HttpLimits, respond
-from autoscaler.inbox import InboxServer, NoticeBody, NoticeInbox
 from autoscaler.model import InterruptionNotice
-from autoscaler.sources import SourceError
-from autoscaler.wakeups import CHECKPOINT_WAKE_S, NOTICE_WAKE_S
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import SourceError
+from autoscaler.ops.http_in import HttpLimits, respond
+from autoscaler.ops.inbox import InboxServer, NoticeBody, NoticeInbox
+from autoscaler.spi.wakeups import CHECKPOINT_WAKE_S, NOTICE_WAKE_S
+from node_agent.metadata import AgentNotice, NoticeMetrics
+from node_agent.metadata_aws import instance_action, parse_document, rebalance
+from node_agent.metadata_azure import parse_document as parse_azure
+from node_agent.metadata_azure import preempts
+from node_agent.metadata_gcp import GcpWatcher
 from providers.aws_events import MalformedEventError, parse_event
 
 NOW = 1_795_255_200.0  # 2026-11-21T10:00:00Z: the seeds' time
@@ -279,7 +279,7 @@ class _Live:
     def __init__(self) -> None:
         from fakes import job, pool, rig
 
-        from autoscaler.runner import Runner
+        from autoscaler.app.runner import Runner
 
         self.rig = rig([pool("a")], {"a": 1.0})
         self.rig.clock.advance(NOW - self.rig.clock.now())

@@ -35,7 +35,7 @@ from boundary_config import (
 )
 from harness import Outcome, mutate_text
 
-from autoscaler.errors import InputError
+from autoscaler.model.errors import InputError
 
 Files = dict[str, str | bytes]
 REPLAY_TICKS = 400

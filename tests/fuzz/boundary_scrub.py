@@ -5,7 +5,7 @@ long run in the shapes that made the old URL pattern quadratic, up to a million 
 with secrets planted in it: registered values anywhere (inside words too), and unregistered
 credentials in their usual shapes (a bearer header, a password in a URL, ``password=...``),
 some repeated later without the shape. It goes through the real log formatter
-(``autoscaler.logs.JsonFormatter``). The rules, checked independently of the scrubber: the
+(``autoscaler.model.logs.JsonFormatter``). The rules, checked independently of the scrubber: the
 line is one valid JSON object, no planted value appears in it, it is bounded in length, and it
 comes back within the harness's hang limit whatever the length (the old pattern needed ~30 s
 for 64,000 characters, hours for a million).
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from harness import Outcome, mutate_text
 
-from autoscaler.logs import MAX_FIELD_CHARS, JsonFormatter
-from autoscaler.secrets import Secrets
+from autoscaler.model.logs import MAX_FIELD_CHARS, JsonFormatter
+from autoscaler.model.secrets import Secrets
 
 SEEDS = (
     "connect failed: postgresql://ctl:hunter2pass@db:5432/journal refused",

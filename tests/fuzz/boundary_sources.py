@@ -37,9 +37,10 @@ from answer_server import AnswerServer
 from harness import Outcome, mutate_text
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoscaler.clock import ManualClock
+from autoscaler.fleet.telemetry import FUTURE_SKEW_S, IdleTracker
 from autoscaler.model import OnPremUse, Placement
-from autoscaler.sources import GpuSample, SourceError
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.errors import SourceError
 from autoscaler.sources.exposition import MAX_FB_MIB
 from autoscaler.sources.prometheus import (
     MAX_JOBS,
@@ -56,7 +57,7 @@ from autoscaler.sources.slurm import (
     SlurmAdapter,
     SlurmSettings,
 )
-from autoscaler.telemetry import FUTURE_SKEW_S, IdleTracker
+from autoscaler.spi.sources import GpuSample
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 NOW = 1_795_249_300.0  # the captured Slurm outputs' time, so their times are plausible

@@ -16,7 +16,7 @@ from harness import assert_held, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoscaler.config import load_config
+from autoscaler.model.config import load_config
 
 BOUNDARY = ConfigBoundary()
 

@@ -1,0 +1,321 @@
+"""Building the live controller's parts from its config: providers and sources are found through
+their entry point groups, and each checks its own settings.
+
+A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; a source class
+``from_config(settings, name)``, returning an object whose methods say which roles it can play
+(queue, node source, telemetry, scheduler). Both raise ``InputError`` naming the field; errors
+are pointed here at the file and line of that field when the config was read from a file.
+
+``check_config`` builds exactly these parts and closes them again, contacting nothing:
+``gpu-autoscaler validate`` accepts what ``run`` and ``plan`` build.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from autoscaler.fleet.telemetry import IdleTracker
+from autoscaler.model.clock import Clock
+from autoscaler.model.config import ControllerConfig, LeaderKind, SourceRole
+from autoscaler.model.errors import InputError
+from autoscaler.model.logs import register_secret
+from autoscaler.model.secrets import read_secret_env
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
+from autoscaler.ops.journal import Journal, JournalError, open_journal
+from autoscaler.ops.leader import LeaderLock, SoleReplica
+from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
+from autoscaler.spi.provider import Provider
+from autoscaler.spi.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
+from autoscaler.tick.observe import Signals
+
+SOURCE_GROUP = "gpu_autoscaler.sources"
+
+
+def build_providers(config: ControllerConfig, where: str = "config") -> dict[str, Provider]:
+    names = sorted({p.provider for p in config.pools} | set(config.providers))
+    providers: dict[str, Provider] = {}
+    for name in names:
+        indices = [i for i, p in enumerate(config.pools) if p.provider == name]
+        # a provider numbers its own pools; the config numbers them all
+        renames = tuple((f"pools[{k}]", ("pools", i)) for k, i in enumerate(indices))
+        named_at = ("providers", name) if name in config.providers else ("pools", indices[0])
+        try:
+            cls: Any = load_entry_point(PROVIDER_GROUP, name, "provider")
+            factory = getattr(cls, "from_config", None)
+            if factory is None:
+                raise InputError(
+                    where,
+                    f"the provider {name!r} runs only inside the simulator",
+                    field=f"providers.{name}",
+                )
+            pools = [config.pools[i] for i in indices]
+            providers[name] = factory(config.providers.get(name, {}), pools, config.fleet_id)
+        except InputError as exc:
+            close_all(providers.values())
+            raise config.located(
+                exc, (("provider.name", named_at), *renames), default=named_at
+            ) from None
+    return providers
+
+
+def load_configured_policy(config: ControllerConfig, where: str = "config") -> Policy:
+    """The config's policy, built from its params; a bad name or param names its line."""
+    try:
+        return load_policy(config.policy.name, config.policy.params, where=where)
+    except InputError as exc:
+        raise config.located(exc, default=("policy",)) from None
+
+
+def check_config(config: ControllerConfig, where: str = "config") -> None:
+    """Build the policy, providers and sources as ``run`` and ``plan`` do, and close them: every
+    setting the file holds is checked by the code that will use it. Nothing is contacted (the
+    clouds' clients and the sources' connections are made on first use); what lives outside
+    the file (tokens and DSNs in the environment, ports, credentials) is not checked here."""
+    load_configured_policy(config, where)
+    providers = build_providers(config, where)
+    try:
+        wiring = build_signals(config, where)
+    finally:
+        close_all(providers.values())
+    close_all([*wiring.signals.queues, *wiring.signals.telemetry])
+
+
+def close_all(parts: Iterable[object]) -> None:
+    """Close each part once (a source playing two roles is listed twice)."""
+    closed: set[int] = set()
+    for part in parts:
+        close = getattr(part, "close", None)
+        if callable(close) and id(part) not in closed:
+            closed.add(id(part))
+            close()
+
+
+@dataclass
+class Wiring:
+    """What the configured sources give the controller: the signals observe reads, and the
+    workload scheduler act drains and requeues through."""
+
+    signals: Signals
+    scheduler: WorkloadScheduler | None = None
+
+
+ROLE_TYPES: dict[SourceRole, type] = {
+    SourceRole.QUEUE: QueueSource,
+    SourceRole.NODES: NodeSource,
+    SourceRole.TELEMETRY: TelemetrySource,
+    SourceRole.SCHEDULER: WorkloadScheduler,
+}
+
+
+def build_signals(config: ControllerConfig, where: str = "config") -> Wiring:
+    queues: list[QueueSource] = []
+    telemetry: list[TelemetrySource] = []
+    nodes: list[tuple[str, NodeSource]] = []
+    schedulers: list[tuple[str, WorkloadScheduler]] = []
+    for index, spec in enumerate(config.sources):
+        field = f"sources[{index}]"
+        name = spec.name or f"{spec.kind}-{index}"
+        try:
+            cls: Any = load_entry_point(SOURCE_GROUP, spec.kind, "source")
+            source = cls.from_config(spec.settings, name)
+        except InputError as exc:
+            close_all([*queues, *telemetry])
+            renames = (
+                ("source.name", ("sources", index, "kind")),
+                (f"sources.{name}", ("sources", index, "settings")),
+            )
+            raise config.located(exc, renames, default=("sources", index)) from None
+        able = {role for role, kind in ROLE_TYPES.items() if isinstance(source, kind)}
+        roles = set(spec.roles) if spec.roles is not None else able
+        if roles - able:
+            close_all([*queues, *telemetry, source])
+            raise config.located(
+                InputError(
+                    where,
+                    f"a {spec.kind} source cannot be "
+                    + ", ".join(sorted(r.value for r in roles - able))
+                    + f"; it can be {', '.join(sorted(r.value for r in able)) or 'nothing'}",
+                    field=f"{field}.roles",
+                )
+            )
+        if SourceRole.QUEUE in roles:
+            queues.append(source)
+        if SourceRole.TELEMETRY in roles:
+            telemetry.append(source)
+        if SourceRole.NODES in roles:
+            nodes.append((field, source))
+        if SourceRole.SCHEDULER in roles:
+            schedulers.append((field, source))
+    for role, chosen in (("node source", nodes), ("scheduler", schedulers)):
+        if len(chosen) > 1:
+            close_all([*queues, *telemetry])
+            raise config.located(
+                InputError(
+                    where,
+                    f"only one source may be the {role}; {chosen[0][0]} and {chosen[1][0]} both "
+                    "are (narrow one with roles)",
+                    field=f"{chosen[1][0]}.roles",
+                )
+            )
+    tracker = IdleTracker(
+        config.telemetry.idle_util_pct, config.telemetry.window_s, config.telemetry.max_age_s
+    )
+    signals = Signals(
+        queues=tuple(queues),
+        nodes=nodes[0][1] if nodes else None,
+        telemetry=tuple(telemetry),
+        tracker=tracker,
+    )
+    return Wiring(signals, schedulers[0][1] if schedulers else None)
+
+
+def build_inbox(
+    config: ControllerConfig, clock: Clock, where: str = "config"
+) -> InboxServer | None:
+    """The node agents' notice inbox, when configured; its token is read from the file or the
+    environment now, so a missing token stops the start with one line instead of a silent inbox
+    that refuses every agent."""
+    try:
+        return _build_inbox(config, clock, where)
+    except InputError as exc:
+        raise config.located(exc) from None
+
+
+def _build_inbox(config: ControllerConfig, clock: Clock, where: str) -> InboxServer | None:
+    settings = config.inbox
+    if settings is None:
+        return None
+    if settings.token_file is not None:
+        try:
+            token = settings.token_file.read_text().strip()
+        except OSError as exc:
+            raise InputError(
+                where, f"cannot read the token file: {exc.strerror}", field="inbox.token_file"
+            ) from None
+        field = "inbox.token_file"
+    else:
+        token = read_secret_env(settings.token_env, where, "inbox.token_env").strip()
+        field = "inbox.token_env"
+    if not token:
+        source = (
+            f"the file {settings.token_file}"
+            if settings.token_file is not None
+            else f"the environment variable {settings.token_env}"
+        )
+        raise InputError(where, f"the notice inbox needs a token; {source} is empty", field=field)
+    register_secret(token)
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            tls.load_cert_chain(settings.tls_cert, settings.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise InputError(
+                where, f"cannot load the TLS certificate and key: {exc}", field="inbox.tls_cert"
+            ) from None
+    try:
+        return InboxServer(
+            NoticeInbox(clock), token, settings.listen.host, settings.listen.port, tls
+        )
+    except OSError as exc:
+        raise InputError(
+            where,
+            f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}",
+            field="inbox.listen",
+        ) from None
+
+
+def check_listen(config: ControllerConfig, field: str, host: str, port: int, where: str) -> None:
+    """That ``host:port`` can be listened on now, so that a server the run loop starts later
+    (the metrics endpoint) does not end the start in a traceback: a name that does not resolve,
+    an address of another machine or a port in use is one line naming the setting."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+            return
+    except OSError as exc:
+        raise config.located(
+            InputError(where, f"cannot listen on {host}:{port}: {exc.strerror or exc}", field)
+        ) from None
+
+
+def read_postgres_dsn(config: ControllerConfig, where: str = "config") -> str | None:
+    """The journal's DSN from its environment variable, registered as a secret before anything
+    can log it."""
+    try:
+        return _read_postgres_dsn(config, where)
+    except InputError as exc:
+        raise config.located(exc) from None
+
+
+def _read_postgres_dsn(config: ControllerConfig, where: str) -> str | None:
+    name = config.journal.postgres_dsn_env
+    if not config.journal.enabled or name is None:
+        return None
+    dsn = read_secret_env(name, where, "journal.postgres_dsn_env").strip()
+    if not dsn:
+        raise InputError(
+            where,
+            f"the environment variable {name} holding the journal's PostgreSQL DSN is not set",
+            field="journal.postgres_dsn_env",
+        )
+    register_secret(dsn)
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        register_secret(str(conninfo_to_dict(dsn).get("password") or ""))
+    except Exception:
+        raise InputError(
+            where,
+            f"the environment variable {name} does not hold a valid PostgreSQL DSN",
+            field="journal.postgres_dsn_env",
+        ) from None
+    return dsn
+
+
+def build_journal(
+    config: ControllerConfig, dsn: str | None, where: str = "config"
+) -> Journal | None:
+    if not config.journal.enabled:
+        return None
+    fenced_by = config.leader.name if leader_kind(config) is LeaderKind.POSTGRES else None
+    try:
+        return open_journal(config.journal.sqlite_path, dsn, fenced_by)
+    except JournalError as exc:
+        raise config.located(InputError(where, str(exc), field="journal")) from None
+
+
+def leader_kind(config: ControllerConfig) -> LeaderKind:
+    kind = config.leader.kind
+    if kind is not LeaderKind.AUTO:
+        return kind
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return LeaderKind.KUBERNETES
+    if config.journal.enabled and config.journal.postgres_dsn_env is not None:
+        return LeaderKind.POSTGRES
+    return LeaderKind.NONE
+
+
+def build_lock(config: ControllerConfig, dsn: str | None) -> LeaderLock:
+    kind = leader_kind(config)
+    settings = config.leader
+    if kind is LeaderKind.KUBERNETES:
+        from autoscaler.ops.leader.kubernetes import KubernetesLeaseLock
+
+        return KubernetesLeaseLock(
+            settings.name, namespace=settings.namespace, lease_seconds=settings.lease_seconds
+        )
+    if kind is LeaderKind.POSTGRES and dsn is not None:
+        from autoscaler.ops.leader.postgres import PostgresLeaderLock
+
+        return PostgresLeaderLock(dsn, name=settings.name, lease_seconds=settings.lease_seconds)
+    return SoleReplica()

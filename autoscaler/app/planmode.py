@@ -1,0 +1,352 @@
+"""``gpu-autoscaler plan``: one read-only tick against the real queue, telemetry and clouds.
+
+An operator wants to see what the controller would do, and what it would cost, before letting
+it act, or beside one that already runs. So this builds the controller's parts from the same
+config, observes once, asks the policy and the guard, and previews act without calling it.
+Nothing that changes the world is reachable: providers are wrapped so that launch, terminate
+and acknowledge raise; no notice inbox, metrics server or workload-scheduler action is started.
+Interruption notices are not read either: taking a message off the AWS interruption queue
+hides it from the running controller, and GCP and Azure notices come from the node agents.
+
+A failed source or listing does not end the run: the plan says which one failed and that its
+demand or supply is unknown, and exits 0, since a degraded plan still shows most of the picture;
+``complete`` in the JSON (``DEGRADED`` in the text) tells scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from autoscaler.app.assembly import build_providers, build_signals, load_configured_policy
+from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
+from autoscaler.fleet.instances import InstanceTable
+from autoscaler.model import FleetView, Instance, InterruptionNotice, Plan, Pool, PriceQuote
+from autoscaler.model.clock import Clock, SystemClock
+from autoscaler.model.config import ControllerConfig, load_config
+from autoscaler.model.errors import InputError, describe
+from autoscaler.model.logs import configure
+from autoscaler.model.secrets import (
+    register_config_secrets,
+    register_environment_secrets,
+    scrub,
+    scrub_strings,
+    scrubbed_error,
+)
+from autoscaler.spi.policy import Policy
+from autoscaler.spi.provider import LaunchResult, Provider
+from autoscaler.spi.sources import CheckpointingScheduler
+from autoscaler.tick.guard import GuardMemory, guard, validate_plan
+from autoscaler.tick.observe import Observation, Observer
+from autoscaler.tick.preview import LaunchPreview, Preview, Value, preview
+
+NOTES = (
+    "read-only: nothing was launched, terminated, tagged, drained or requeued",
+    "interruption notices were not read (the running controller owns the AWS queue; GCP and "
+    "Azure notices come from node agents)",
+    "cool-downs and the capacity cache start empty, as in a controller that has just started",
+)
+
+
+class MutationRefusedError(RuntimeError):
+    """Plan mode reached a call that would change a cloud: a bug, stopped before it happens."""
+
+
+class ReadOnlyProvider:
+    """A provider with only its reads left. The plan path never calls the others; if it ever
+    did, the call raises here instead of reaching the cloud. A provider whose listing can repair
+    things (Azure deletes VMs whose create failed) is told to only look, via ``read_only``."""
+
+    def __init__(self, inner: Provider) -> None:
+        self.name = inner.name
+        self._inner = inner
+        if hasattr(inner, "read_only"):
+            inner.read_only = True
+
+    def list_instances(self, fleet_id: str) -> list[Instance]:
+        return self._inner.list_instances(fleet_id)
+
+    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]:
+        return self._inner.prices(pools)
+
+    def poll_notices(self) -> list[InterruptionNotice]:
+        return []
+
+    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
+
+    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
+        raise MutationRefusedError("plan mode never terminates")
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        raise MutationRefusedError("plan mode never acknowledges notices")
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if callable(close):
+            close()
+
+
+class SourceState(Value):
+    kind: str
+    name: str
+    ok: bool
+
+
+class DemandSummary(Value):
+    known: bool
+    jobs: int
+    gpus: int
+    failed_sources: tuple[str, ...]
+
+
+class PlanReport(Preview):
+    """The plan as printed: what was read, what the controller would do, what it would cost."""
+
+    fleet_id: str
+    policy: str
+    at: float
+    complete: bool
+    held: str | None
+    reason: str
+    demand: DemandSummary
+    onprem_gpus: int
+    onprem_gpus_free: int
+    unlisted_providers: tuple[str, ...]
+    sources: tuple[SourceState, ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...] = NOTES
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the plan with every secret the process knows scrubbed out: a source's error can
+    carry its token back (a server echoing the bearer header), and so can an ``InputError`` or
+    a warning logged on stderr."""
+    if not logging.getLogger().handlers:  # a process that routes its logs keeps its routing
+        configure("WARNING", json_lines=False)  # what observe logs on stderr is scrubbed too
+    try:
+        report = make_report(args.config)
+    except InputError as exc:
+        raise scrubbed_error(exc) from None
+    if args.json:
+        print(
+            json.dumps(scrub_strings(report.model_dump(mode="json")), indent=2, ensure_ascii=False)
+        )
+    else:
+        print(scrub(render(report)))
+    return 0
+
+
+def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
+    """One observation, decision and guard from the config at ``path``; bad config raises
+    ``InputError`` before anything is read. Every ``*_env`` field's variable is read and its
+    value registered as a secret first (a name that is a pasted secret is refused unechoed)."""
+    where = str(path)
+    config = load_config(path)
+    register_environment_secrets()
+    register_config_secrets(config, where)
+    policy = load_configured_policy(config, where)
+    providers = {name: ReadOnlyProvider(p) for name, p in build_providers(config, where).items()}
+    wiring = build_signals(config, where)
+    try:
+        jobs = (
+            wiring.scheduler
+            if isinstance(wiring.scheduler, CheckpointingScheduler)
+            and config.interruptions.checkpoint_aware
+            else None
+        )
+        observer = Observer(
+            config,
+            providers,
+            wiring.signals,
+            InstanceTable(request_timeout_s=config.request_timeout_s),
+            CapacityCache(config.capacity_cache_ttl_s),
+            InterruptionHistory(config.risky_pool_ttl_s),
+            jobs,
+        )
+        observation = observer.observe((clock or SystemClock()).now(), 0, None)
+    finally:
+        _close([*providers.values(), *wiring.signals.queues, *wiring.signals.telemetry])
+    return _report(config, policy, observation)
+
+
+def _report(config: ControllerConfig, policy: Policy, observation: Observation) -> PlanReport:
+    view = observation.view
+    plan, held = _decide(policy, view)
+    guarded = guard(plan, view, config.limits, GuardMemory())
+    shown = preview(view, guarded, observation.failed_providers)
+    demand = view.demand
+    problems = tuple(observation.errors) + ((held,) if held else ())
+    return PlanReport(
+        **dict(shown),
+        fleet_id=config.fleet_id,
+        policy=config.policy.name,
+        at=view.now,
+        complete=not problems and shown.cost_complete,
+        held=held,
+        reason=plan.reason,
+        demand=DemandSummary(
+            known=demand.known,
+            jobs=demand.jobs,
+            gpus=demand.gpus,
+            failed_sources=demand.failed_sources,
+        ),
+        onprem_gpus=view.onprem_gpus,
+        onprem_gpus_free=view.onprem_gpus_free,
+        unlisted_providers=tuple(sorted(observation.failed_providers)),
+        sources=tuple(
+            SourceState(kind=kind, name=name, ok=ok)
+            for (kind, name), ok in sorted(observation.source_status.items())
+        ),
+        problems=problems,
+    )
+
+
+def _decide(policy: Policy, view: FleetView) -> tuple[Plan, str | None]:
+    """The policy's plan, or, as the controller does when a policy fails, none (held)."""
+    try:
+        return validate_plan(policy.decide(view), view), None
+    except Exception as exc:
+        return Plan(reason="held"), f"policy failed: {describe(exc)}; the fleet would be held"
+
+
+def _close(parts: Sequence[object]) -> None:
+    for part in parts:
+        close = getattr(part, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):  # a failed close must not hide the plan
+                close()
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def render(report: PlanReport) -> str:
+    when = datetime.fromtimestamp(report.at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    state = "" if report.complete else "  DEGRADED: see problems below"
+    lines = [
+        f"plan for fleet {report.fleet_id!r}, policy {report.policy!r}, at {when}{state}",
+        *(f"note: {note}" for note in report.notes),
+        "",
+        _demand_line(report),
+        f"on-prem: {report.onprem_gpus_free} of {report.onprem_gpus} GPU(s) free",
+    ]
+    if report.held:
+        lines.append(f"HELD: {report.held}")
+    lines += ["", *_pool_table(report), ""]
+    lines += _section("launches", [_launch_line(launch) for launch in report.launches])
+    lines += _section(
+        "drains",
+        [
+            f"{d.instance_id} in {d.pool}: {d.reason}" + (" (jobs move now)" if d.move_jobs else "")
+            for d in report.drains
+        ],
+    )
+    lines += _section(
+        "orphans collected (tagged ours, pool not configured; not priced, not in the totals)",
+        [f"{o.instance_id} in {o.pool} ({o.state})" for o in report.orphans],
+    )
+    lines += _section(
+        "clamped by the guard",
+        [
+            f"{c.rule}" + (f" {c.pool}" if c.pool else "") + f": {c.requested} -> {c.allowed}: "
+            f"{c.detail}"
+            for c in report.clamps
+        ],
+    )
+    if report.problems:
+        lines += _section("problems", list(report.problems))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _demand_line(report: PlanReport) -> str:
+    demand = report.demand
+    if not demand.known:
+        failed = ", ".join(demand.failed_sources)
+        return (
+            f"demand: UNKNOWN (queue source(s) {failed} failed); "
+            f"{demand.jobs} pending job(s), {demand.gpus} GPU(s) from the others"
+        )
+    return f"demand: {demand.jobs} pending job(s), {demand.gpus} GPU(s)"
+
+
+def _pool_table(report: PlanReport) -> list[str]:
+    header = (
+        "pool", "provider", "market", "$/h each", "now", "launch", "drain", "after",
+        "$/h now", "$/h after",
+    )  # fmt: skip
+    rows = [header]
+    for c in report.pools:
+        rows.append(
+            (
+                c.pool,
+                c.provider,
+                c.market,
+                _money(c.price_per_hour),
+                _count(c.instances_now),
+                f"+{c.launches}",
+                f"-{c.drains}",
+                _count(c.instances_after),
+                _money(c.cost_per_hour_now),
+                _money(c.cost_per_hour_after),
+            )
+        )
+    known_now = [c.instances_now for c in report.pools]
+    known_after = [c.instances_after for c in report.pools]
+    mark = "" if report.cost_complete else " (lower bound)"
+    rows.append(
+        (
+            "total",
+            "",
+            "",
+            "",
+            _count(_sum(known_now)),
+            f"+{sum(c.launches for c in report.pools)}",
+            f"-{sum(c.drains for c in report.pools)}",
+            _count(_sum(known_after)),
+            _money(report.cost_per_hour_now) + mark,
+            _money(report.cost_per_hour_after) + mark,
+        )
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _launch_line(launch: LaunchPreview) -> str:
+    if launch.skipped is not None:
+        return f"{launch.pool}: {launch.count} asked, none tried: {launch.skipped}"
+    walked = ", then ".join(f"{a.pool} {a.granted} of {a.wanted}" for a in launch.attempts)
+    tried = {a.pool for a in launch.attempts}
+    spare = [f for f in launch.fallbacks if f not in tried]
+    tail = f"; on a capacity failure: {', '.join(spare)}" if spare else ""
+    why = f" ({launch.reason})" if launch.reason else ""
+    return f"{launch.pool}: {launch.count} asked{why}: {walked}{tail}"
+
+
+def _section(title: str, items: Sequence[str]) -> list[str]:
+    if not items:
+        return [f"{title}: none"]
+    return [f"{title}:", *(f"  {item}" for item in items)]
+
+
+def _money(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.4f}"
+
+
+def _count(value: int | None) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _sum(values: Sequence[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)

@@ -1,0 +1,78 @@
+"""The provider protocol: the small surface every cloud (and the simulator) implements.
+
+Modelled on SkyPilot's per-cloud provision interface and Karpenter's cloud provider: a handful of
+calls, idempotent by request id, with failures mapped onto the typed errors in ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
+from autoscaler.model.errors import ProviderError
+
+FLEET_TAG = "gpu-autoscaler/fleet"
+POOL_TAG = "gpu-autoscaler/pool"
+REQUEST_TAG = "gpu-autoscaler/request"
+LAUNCHED_AT_TAG = "gpu-autoscaler/launched-at"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What a launch produced. Partial fulfilment is normal for spot: ``shortfall`` says why."""
+
+    instances: tuple[Instance, ...]
+    shortfall: ProviderError | None = None
+    already_existed: bool = False
+
+
+@dataclass(frozen=True)
+class ProviderSnapshot:
+    """One provider's answer for a tick; ``error`` set means the listing is not to be trusted."""
+
+    instances: tuple[Instance, ...] = ()
+    notices: tuple[InterruptionNotice, ...] = ()
+    prices: tuple[PriceQuote, ...] = ()
+    errors: tuple[ProviderError, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A cloud as the core sees it. Every instance it launches carries the fleet, pool and request
+    tags, and ``list_instances``/``terminate`` only ever see and touch instances so tagged."""
+
+    name: str
+
+    def list_instances(self, fleet_id: str) -> list[Instance]: ...
+
+    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult: ...
+
+    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None: ...
+
+    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]: ...
+
+    def poll_notices(self) -> list[InterruptionNotice]: ...
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        """The tick has handled these notices: a provider reading them from a queue may now
+        delete them (never before, so a crash mid-tick loses none)."""
+        ...
+
+
+@runtime_checkable
+class GangLauncher(Protocol):
+    """A provider that can launch a multi-node job's nodes together: all ``count`` instances of
+    ``pool`` placed close together (a placement group, compact placement policy or proximity
+    placement group, as the pool's options name or create it), or none.
+
+    When fewer than ``count`` come up, the provider terminates those that did and raises the
+    typed error that stopped the rest (``CapacityError`` for a shortfall), so a gang is never
+    left half-launched and paid for. Idempotent by ``request_id`` as ``launch`` is: a retry
+    that finds the whole gang returns it with ``already_existed``.
+    """
+
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str
+    ) -> LaunchResult: ...

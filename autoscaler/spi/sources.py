@@ -1,0 +1,184 @@
+"""The interfaces observe reads from and act writes to, besides the clouds.
+
+Queue sources report pending demand; a node source reports on-prem nodes and what runs on cloud
+nodes (scheduler allocation plus measured utilisation); a workload scheduler adapter drains
+nodes, requeues their jobs and applies a policy's placement rule; a telemetry source reports GPU
+readings. One configured source may play several roles (Slurm is a queue, a node source and the
+scheduler); wiring finds the roles by the methods it has. The simulator implements them too.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from autoscaler.model import DemandGroup, Job, OnPremNode, Placement
+
+
+@runtime_checkable
+class QueueSource(Protocol):
+    name: str
+
+    def read(self, now: float) -> Sequence[DemandGroup]: ...
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """What the scheduler and telemetry say of one node (on-prem or a joined cloud instance)."""
+
+    gpus_allocated: int
+    gpu_util_pct: float | None = None
+    idle_since: float | None = None
+    empty_since: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    onprem: tuple[OnPremNode, ...] = ()
+    cloud: Mapping[str, NodeUsage] = field(default_factory=dict)
+
+
+@runtime_checkable
+class NodeSource(Protocol):
+    name: str
+
+    def read_nodes(self, now: float) -> NodeReading: ...
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's reading as NVML or dcgm-exporter gives it (``at``: when it was taken)."""
+
+    host: str
+    gpu: str
+    util_pct: float
+    at: float
+    uuid: str | None = None
+    model: str | None = None
+    memory_used_mib: float | None = None
+
+
+@runtime_checkable
+class TelemetrySource(Protocol):
+    """GPU readings per host: our agents, a dcgm-exporter ops already run, or Prometheus.
+
+    Hosts are named as the workload scheduler names nodes (a cloud node's name is its instance
+    id), so readings and allocations meet on the same node."""
+
+    name: str
+
+    def read_gpus(self, now: float) -> Sequence[GpuSample]: ...
+
+
+@runtime_checkable
+class WorkloadScheduler(Protocol):
+    def apply_placement(self, placement: Placement) -> None: ...
+
+    def drain(self, node: str, reason: str) -> int:
+        """Stop new work landing on ``node``; returns how many jobs still run there."""
+        ...
+
+    def evict(self, node: str, reason: str) -> int:
+        """Requeue every job on ``node`` now (it is going away); returns how many were requeued."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job running on a node, as the scheduler knows it: what an interruption would cost it and
+    how to ask it to checkpoint. ``checkpoint_signal`` is the signal its batch script traps to
+    write a checkpoint now (None: it cannot be asked). ``nodes`` is how many nodes the job runs
+    on (``gpus`` is its share of this one)."""
+
+    id: str
+    node: str
+    gpus: int
+    started_at: float
+    checkpoint_interval_s: float | None = None
+    checkpoint_duration_s: float | None = None
+    checkpoint_signal: str | None = None
+    nodes: int = 1
+
+
+@runtime_checkable
+class CheckpointingScheduler(Protocol):
+    """A scheduler that can list a node's jobs, ask one to checkpoint and requeue it: what
+    checkpoint-aware interruption handling needs on top of draining."""
+
+    def running_jobs(self, node: str) -> Sequence[RunningJob]: ...
+
+    def signal(self, job_id: str, signal: str) -> None: ...
+
+    def requeue(self, job_id: str) -> None: ...
+
+
+class GroupKey(NamedTuple):
+    """What makes pending jobs interchangeable for capacity planning."""
+
+    gpus: int
+    checkpoint_interval_s: float | None
+    high_priority: bool
+    gpu_models: tuple[str, ...]
+    partition: str | None
+    nodes: int = 1
+    min_gpu_memory_gib: float | None = None
+
+
+_job_key = operator.attrgetter(*GroupKey._fields)
+
+
+def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
+    """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
+    counts: dict[tuple[object, ...], int] = {}
+    oldest: dict[tuple[object, ...], float] = {}
+    for job in jobs:
+        # A plain tuple equal to the job's GroupKey, read in C (this runs for every pending
+        # job); the groups are built from GroupKeys.
+        key = _job_key(job)
+        submitted = job.submit_time
+        if key in counts:
+            counts[key] += 1
+            oldest[key] = min(oldest[key], submitted)
+        else:
+            counts[key] = 1
+            oldest[key] = submitted
+    return groups_from_counts(
+        {GroupKey._make(k): v for k, v in counts.items()},
+        {GroupKey._make(k): v for k, v in oldest.items()},
+    )
+
+
+def groups_from_counts(
+    counts: Mapping[GroupKey, int], oldest: Mapping[GroupKey, float]
+) -> list[DemandGroup]:
+    """Demand groups from jobs counted per group key, in a stable order."""
+    return [
+        DemandGroup.model_construct(
+            gpus_per_job=key.gpus,
+            jobs=counts[key],
+            checkpoint_interval_s=key.checkpoint_interval_s,
+            high_priority=key.high_priority,
+            nodes=key.nodes,
+            gpu_models=key.gpu_models,
+            min_gpu_memory_gib=key.min_gpu_memory_gib,
+            partition=key.partition,
+            oldest_submit_time=oldest[key],
+        )
+        for key in sorted(counts, key=_group_order)
+    ]
+
+
+def _group_order(
+    key: GroupKey,
+) -> tuple[int, float, bool, tuple[str, ...], str, int, float]:
+    return (
+        key.gpus,
+        key.checkpoint_interval_s if key.checkpoint_interval_s is not None else -1.0,
+        key.high_priority,
+        key.gpu_models,
+        key.partition or "",
+        key.nodes,
+        key.min_gpu_memory_gib or 0.0,
+    )

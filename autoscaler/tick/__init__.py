@@ -1,0 +1,2 @@
+"""One tick: observe, the controller's own rules, guard, act, evacuate, and the controller that
+runs them in order."""

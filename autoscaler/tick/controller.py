@@ -1,0 +1,375 @@
+"""The reconcile loop: every tick is observe → decide → guard → act, and nothing else.
+
+The controller owns the state that must outlive a tick (instance table, capacity cache,
+interruption history, cool-down memory, last plan) and wires the four steps together; each step
+lives in its own module. A policy that raises, or returns a plan the guard rejects, holds the
+fleet as it is for that tick and says why; interruption notices and drains already under way are
+still handled, because they are not the policy's to decide.
+
+Under a leader lock the controller acts only under its fencing token (``token``, checked by
+``fence`` before act and before each cloud call); with a journal, every cloud call is written
+ahead and each tick's decision, actions and accrued cost are recorded when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
+from autoscaler.fleet.checkpoints import CheckpointLedger
+from autoscaler.fleet.instances import InstanceTable
+from autoscaler.model import DemandGroup, FleetView, InstanceState, InterruptionNotice, Plan
+from autoscaler.model.clock import Clock
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.errors import CallNotMade, InputError, describe
+from autoscaler.model.records import TickReport
+from autoscaler.model.shapes import OnPremKinds, Unhostable, offers_of, unhostable_groups
+from autoscaler.ops.journal import Journal, JournalError
+from autoscaler.ops.journal.base import Billed, TickEntry
+from autoscaler.ops.metrics import Metrics
+from autoscaler.ops.provider_calls import WatchedProvider
+from autoscaler.spi.policy import Policy
+from autoscaler.spi.provider import Provider
+from autoscaler.spi.sources import (
+    CheckpointingScheduler,
+    NodeSource,
+    QueueSource,
+    WorkloadScheduler,
+)
+from autoscaler.tick.act import Actuator
+from autoscaler.tick.evacuate import EvacuationSettings, Evacuator
+from autoscaler.tick.guard import GuardMemory, guard, validate_plan
+from autoscaler.tick.observe import Observer, Signals
+from autoscaler.tick.retry import RetryPolicy
+from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        policy: Policy,
+        providers: Mapping[str, Provider],
+        clock: Clock,
+        queue_sources: Sequence[QueueSource] = (),
+        node_source: NodeSource | None = None,
+        scheduler: WorkloadScheduler | None = None,
+        incarnation: str | None = None,
+        retry: RetryPolicy | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+        signals: Signals | None = None,
+        metrics: Metrics | None = None,
+        checkpoints: CheckpointLedger | None = None,
+        journal: Journal | None = None,
+        fence: Callable[[int], None] | None = None,
+    ) -> None:
+        missing = sorted({p.provider for p in config.pools} - set(providers))
+        if missing:
+            raise InputError(
+                "config",
+                f"pools use provider(s) {', '.join(missing)}, which are not configured",
+                field="pools",
+            )
+        self.config = config
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        self.journal = journal
+        self.fence = fence
+        self.token = 1
+        ledger = CallLedger(self) if journal is not None or fence is not None else None
+        self.providers: Mapping[str, Provider] = {
+            name: WatchedProvider(provider, metrics, ledger) for name, provider in providers.items()
+        }
+        providers = self.providers
+        self.policy = policy
+        self.clock = clock
+        self.timer = timer
+        self.table = InstanceTable(request_timeout_s=config.request_timeout_s)
+        self.capacity = CapacityCache(config.capacity_cache_ttl_s)
+        self.history = InterruptionHistory(config.risky_pool_ttl_s)
+        self.memory = GuardMemory()
+        self.signals = signals or Signals(queues=tuple(queue_sources), nodes=node_source)
+        self.recorder: TickMetrics | None = None
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
+        self.metrics = metrics
+        checkpointing = (
+            scheduler
+            if isinstance(scheduler, CheckpointingScheduler)
+            and config.interruptions.checkpoint_aware
+            else None
+        )
+        self.observer = Observer(
+            config,
+            providers,
+            self.signals,
+            self.table,
+            self.capacity,
+            self.history,
+            checkpointing,
+            self.checkpoints,
+        )
+        self.evacuator = (
+            Evacuator(
+                checkpointing,
+                self.checkpoints,
+                EvacuationSettings(
+                    checkpoint_margin_s=config.interruptions.checkpoint_margin_s,
+                    requeue_lead_s=config.interruptions.requeue_lead_s,
+                    fresh_checkpoint_s=config.interruptions.fresh_checkpoint_s,
+                ),
+            )
+            if checkpointing is not None
+            else None
+        )
+        self.actuator = Actuator(
+            config,
+            providers,
+            self.table,
+            self.capacity,
+            self.history,
+            self.memory,
+            scheduler,
+            self.incarnation,
+            retry or RetryPolicy(),
+            self.evacuator,
+        )
+        self.last_plan: Plan | None = None
+        self._unhostable_said: set[str] = set()
+        self._unhostable_cache: (
+            tuple[tuple[DemandGroup, ...], OnPremKinds, list[Unhostable]] | None
+        ) = None
+        self._tick = 0
+        self._billed: set[str] = set()
+
+    @property
+    def ticks(self) -> int:
+        return self._tick
+
+    def next_due(self) -> float | None:
+        """When something in flight needs a tick before the regular one (a job's checkpoint
+        wait ending before the node's deadline)."""
+        return self.evacuator.next_due() if self.evacuator is not None else None
+
+    def tick(self) -> TickReport:
+        started = self.timer()
+        now = self.clock.now()
+        number = self._tick
+        self._tick += 1
+        observation = self.observer.observe(now, number, self.last_plan)
+        view = observation.view
+        unhostable = self._unhostable(view)
+        plan, held = self._decide(view)
+        billed = self._billed_now(view) if self.journal is not None else []
+        month_spend = self._month_spend(now, billed, observation.errors)
+        guarded = guard(plan, view, self.config.limits, self.memory, month_spend)
+        self.check_fence()
+        actions = self.actuator.act(view, guarded)
+        self._acknowledge(observation.polled, observation.errors)
+        self.checkpoints.expire(now)
+        if held is None:
+            self.last_plan = plan
+        else:
+            log.warning("tick %d held: %s", number, held)
+        report = TickReport(
+            tick=number,
+            now=now,
+            view=view,
+            plan=plan,
+            held=held,
+            clamps=guarded.clamps,
+            actions=actions,
+            errors=observation.errors,
+            duration_s=self.timer() - started,
+            month_spend=month_spend,
+            failing_sources=sorted(
+                f"{kind}/{name}" for (kind, name), up in observation.source_status.items() if not up
+            ),
+            unhostable=unhostable,
+        )
+        self._journal_tick(report, billed)
+        if self.recorder is not None:
+            self.recorder.record(observation, report, self.checkpoints.reports, self.token)
+        return report
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self.recorder.metrics if self.recorder is not None else None
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics | None) -> None:
+        self.recorder = (
+            TickMetrics(metrics, self.config.pools, self.checkpoints.reports)
+            if metrics is not None
+            else None
+        )
+
+    def _unhostable(self, view: FleetView) -> list[Unhostable]:
+        """Pending jobs no configured capacity can ever host: they stay pending, never put on
+        other GPUs, and are said once each time the set of such shapes changes."""
+        groups = view.demand.groups
+        onprem = view.onprem_kinds
+        cached = self._unhostable_cache
+        if cached is not None and cached[0] is groups and cached[1] == onprem:
+            found = cached[2]
+        else:
+            found = unhostable_groups(groups, offers_of(self.config.pools, onprem))
+            self._unhostable_cache = (groups, onprem, found)
+        labels = {u.label for u in found}
+        if labels != self._unhostable_said:
+            for item in found:
+                if item.label not in self._unhostable_said:
+                    log.warning("%d pending job(s) stay pending: %s", item.jobs, item.reason)
+            self._unhostable_said = labels
+        return found
+
+    def check_fence(self) -> None:
+        """Raises ``LeadershipLost`` when this replica may no longer act under its token."""
+        if self.fence is not None:
+            self.fence(self.token)
+
+    def _month_spend(self, now: float, billed: list[Billed], errors: list[str]) -> float | None:
+        """This month's spend up to now: what the journal holds plus what the instances have run
+        up since their last record."""
+        if self.journal is None:
+            return None
+        try:
+            return self.journal.month_spend(now) + self.journal.unbilled(billed, now)
+        except JournalError as exc:
+            errors.append(str(exc))
+            return None
+
+    def _journal_tick(self, report: TickReport, billed: list[Billed]) -> None:
+        if self.journal is None:
+            return
+        try:
+            accrued = self.journal.record_tick(self._entry(report), report.actions, billed)
+        except JournalError as exc:
+            report.errors.append(str(exc))
+            log.error("tick %d not journaled: %s", report.tick, exc)
+            return
+        report.accrued = accrued
+        gone = self._billed - {node.instance_id for node in billed}
+        self.journal.forget(sorted(gone))
+        self._billed = {node.instance_id for node in billed}
+
+    def _billed_now(self, view: FleetView) -> list[Billed]:
+        prices = {p.pool.name: p.price for p in view.pools}
+        billed = []
+        for node in view.instances:
+            price = prices.get(node.pool)
+            record = self.table.get(node.instance_id)
+            if node.state not in _BILLED_STATES or price is None or record is None:
+                continue
+            billed.append(
+                Billed(
+                    node.instance_id,
+                    record.provider,
+                    node.pool,
+                    node.gpus,
+                    price.price_per_hour,
+                    node.launched_at,
+                )
+            )
+        return billed
+
+    def _entry(self, report: TickReport) -> TickEntry:
+        demand = report.view.demand
+        return TickEntry(
+            incarnation=self.incarnation,
+            tick=report.tick,
+            token=self.token,
+            at=report.now,
+            duration_s=report.duration_s,
+            outcome=_outcome(report),
+            held=report.held,
+            demand_known=demand.known,
+            pending_gpus=sum(g.gpus_per_job * g.jobs for g in demand.groups),
+            instances=len(report.view.instances),
+            cost_per_hour=cost_per_hour(report.view),
+            plan=report.plan.model_dump(mode="json", exclude={"placement"}),
+            clamps=[
+                {"rule": c.rule, "pool": c.pool, "requested": c.requested, "allowed": c.allowed}
+                for c in report.clamps
+            ],
+        )
+
+    def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:
+        for name, notices in polled.items():
+            if not notices:
+                continue
+            try:
+                self.providers[name].acknowledge(notices)
+            except Exception as exc:
+                errors.append(f"provider {name}: acknowledging notices failed: {describe(exc)}")
+
+    def _decide(self, view: FleetView) -> tuple[Plan, str | None]:
+        try:
+            return validate_plan(self.policy.decide(view), view), None
+        except Exception as exc:
+            placement = self.last_plan.placement if self.last_plan is not None else Plan().placement
+            return Plan(placement=placement, reason="held"), f"policy failed: {describe(exc)}"
+
+
+_BILLED_STATES = frozenset(
+    {
+        InstanceState.PENDING,
+        InstanceState.RUNNING,
+        InstanceState.DRAINING,
+        InstanceState.INTERRUPTED,
+    }
+)
+
+
+def _outcome(report: TickReport) -> str:
+    return tick_outcome(report.held, report.errors)
+
+
+def cost_per_hour(view: FleetView) -> float:
+    """What the live instances cost per hour at their pools' prices now."""
+    prices = {p.pool.name: p.price.price_per_hour for p in view.pools if p.price is not None}
+    return sum(prices.get(n.pool, 0.0) for n in view.instances if n.state in _BILLED_STATES)
+
+
+class CallLedger:
+    """Fences and journals the controller's cloud calls (see ``provider_calls``)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def started(
+        self, kind: str, provider: str, pool: str | None, count: int, request_id: str
+    ) -> None:
+        controller = self.controller
+        controller.check_fence()
+        if controller.journal is None:
+            return
+        try:
+            controller.journal.call_started(
+                request_id,
+                kind,
+                provider,
+                pool,
+                count,
+                controller.token,
+                controller.incarnation,
+                controller.clock.now(),
+            )
+        except JournalError as exc:
+            raise CallNotMade(f"{kind} in {pool or provider} not made: {exc}") from exc
+
+    def finished(
+        self, request_id: str, outcome: str, instance_ids: Sequence[str], detail: str
+    ) -> None:
+        journal = self.controller.journal
+        if journal is None:
+            return
+        try:
+            journal.call_finished(
+                request_id, outcome, instance_ids, detail, self.controller.clock.now()
+            )
+        except JournalError as exc:
+            log.error("the outcome of %s was not journaled: %s", request_id, exc)

@@ -1,0 +1,382 @@
+"""Observe: read every source once and build the tick's immutable ``FleetView``.
+
+A source that fails degrades the view instead of killing the tick: a failed cloud listing leaves
+that cloud's records as they were (never "gone"), a failed queue source marks demand unknown
+(never "zero"), and a failed node source leaves utilisation unknown (never "idle").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
+from autoscaler.fleet.checkpoints import CheckpointLedger
+from autoscaler.fleet.instances import InstanceTable, SyncReport
+from autoscaler.fleet.telemetry import IdleTracker, apply
+from autoscaler.model import (
+    CloudNode,
+    Demand,
+    DemandGroup,
+    FleetView,
+    Instance,
+    InstanceState,
+    InterruptionNotice,
+    Plan,
+    Pool,
+    PoolView,
+    PriceQuote,
+)
+from autoscaler.model.config import ControllerConfig
+from autoscaler.model.errors import describe
+from autoscaler.spi.provider import Provider
+from autoscaler.spi.sources import (
+    CheckpointingScheduler,
+    NodeReading,
+    NodeSource,
+    NodeUsage,
+    QueueSource,
+    TelemetrySource,
+)
+from autoscaler.tick.evacuate import running_jobs_on
+
+log = logging.getLogger(__name__)
+
+
+class JobsOnNode(NamedTuple):
+    """What the scheduler says of the jobs on one cloud node a policy may give back."""
+
+    unsaved_gpu_s: float | None  # what draining it now would throw away (None: not asked)
+    checkpoint: bool  # every job on it saves checkpoints
+    job_gpus: tuple[int, ...]  # the GPUs each job holds on it, largest first
+    multi_node: bool  # some job also runs on other nodes
+    gangs: tuple[tuple[str, int], ...]  # those multi-node jobs: (job id, nodes it spans)
+
+
+@dataclass
+class Observation:
+    view: FleetView
+    sync: SyncReport
+    errors: list[str] = field(default_factory=list)
+    failed_providers: set[str] = field(default_factory=set)
+    polled: dict[str, list[InterruptionNotice]] = field(default_factory=dict)
+    source_status: dict[tuple[str, str], bool] = field(default_factory=dict)
+    source_age: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+class NoticeSource(Protocol):
+    """Notices that arrive outside a provider, such as the node agents' inbox."""
+
+    def take(self) -> list[InterruptionNotice]: ...
+
+
+@dataclass
+class Signals:
+    """Everything observe reads besides the clouds."""
+
+    queues: Sequence[QueueSource] = ()
+    nodes: NodeSource | None = None
+    telemetry: Sequence[TelemetrySource] = ()
+    notices: Sequence[NoticeSource] = ()
+    tracker: IdleTracker = field(default_factory=IdleTracker)
+
+
+class Observer:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        providers: Mapping[str, Provider],
+        signals: Signals,
+        table: InstanceTable,
+        capacity: CapacityCache,
+        history: InterruptionHistory,
+        jobs: CheckpointingScheduler | None = None,
+        checkpoints: CheckpointLedger | None = None,
+    ) -> None:
+        self.config = config
+        self.jobs = jobs
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
+        self.providers = providers
+        self.signals = signals
+        self.table = table
+        self.capacity = capacity
+        self.history = history
+        # On-demand pools, where spot pools exist too: a policy may replace their busy nodes
+        # by spot once it has room, so what their jobs are is read every tick.
+        self._replaceable_pools = (
+            {p.name for p in config.pools if not p.is_spot}
+            if any(p.is_spot for p in config.pools)
+            else set()
+        )
+        self._pools_by_provider: dict[str, list[Pool]] = {}
+        for pool in config.pools:
+            self._pools_by_provider.setdefault(pool.provider, []).append(pool)
+        self._last_prices: dict[str, PriceQuote] = {}
+        self._node_cache: dict[str, tuple[object, CloudNode]] = {}
+        self._underused_since: dict[str, float] = {}
+        self._answered_at: dict[tuple[str, str], float] = {}
+        self._first_observed: float | None = None
+
+    def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
+        errors: list[str] = []
+        listed: list[tuple[str, Instance]] = []
+        notices: list[InterruptionNotice] = []
+        polled: dict[str, list[InterruptionNotice]] = {}
+        listed_ok: set[str] = set()
+        failed: set[str] = set()
+        status: dict[tuple[str, str], bool] = {}
+        for name, provider in self.providers.items():
+            try:
+                listed.extend((name, i) for i in provider.list_instances(self.config.fleet_id))
+                listed_ok.add(name)
+                status[("provider", name)] = True
+            except Exception as exc:
+                failed.add(name)
+                status[("provider", name)] = False
+                errors.append(f"provider {name}: listing failed: {describe(exc)}")
+                continue
+            try:
+                polled[name] = provider.poll_notices()
+                notices.extend(polled[name])
+            except Exception as exc:
+                errors.append(f"provider {name}: notices failed: {describe(exc)}")
+            pools = self._pools_by_provider.get(name, [])
+            if pools:
+                try:
+                    for quote in provider.prices(pools):
+                        self._last_prices[quote.pool] = quote
+                except Exception as exc:
+                    errors.append(f"provider {name}: prices failed: {describe(exc)}")
+        sync = self.table.sync(listed, now, listed_ok)
+
+        running: dict[str, int] = {}
+        for record in self.table.live():
+            if record.state is InstanceState.RUNNING:
+                running[record.pool] = running.get(record.pool, 0) + 1
+        self.history.expose(running, now)
+        demand = self._read_demand(now, errors, status)
+        reading = self._read_nodes(now, errors, status)
+        underused = self._underused(now, reading.cloud)
+        for inbox in self.signals.notices:
+            notices.extend(inbox.take())
+        notices = [self._with_pool(n) for n in notices]
+        noticed = {n.instance_id for n in notices}
+        at_risk = self._jobs_at_risk(now, reading.cloud, underused, noticed, errors)
+        owned = {r.id for r in self.table}
+        view = FleetView.model_construct(
+            now=now,
+            tick=tick,
+            fleet_id=self.config.fleet_id,
+            pools=self._pool_views(now),
+            onprem=reading.onprem,
+            instances=self._cloud_nodes(reading.cloud, underused, at_risk),
+            demand=demand,
+            notices=tuple(n for n in notices if n.instance_id in owned),
+            last_plan=last_plan,
+        )
+        for message in errors:
+            log.warning("observe: %s", message)
+        return Observation(view, sync, errors, failed, polled, status, self._ages(now, status))
+
+    def _ages(
+        self, now: float, status: dict[tuple[str, str], bool]
+    ) -> dict[tuple[str, str], float]:
+        """Seconds since each source last answered (since the first tick, if it never has)."""
+        if self._first_observed is None:
+            self._first_observed = now
+        for key, up in status.items():
+            if up:
+                self._answered_at[key] = now
+        return {key: now - self._answered_at.get(key, self._first_observed) for key in status}
+
+    def _with_pool(self, notice: InterruptionNotice) -> InterruptionNotice:
+        """A notice from a node agent knows its instance, not its pool: the table does."""
+        record = self.table.get(notice.instance_id)
+        if record is None or notice.pool == record.pool:
+            return notice
+        return notice.model_copy(update={"pool": record.pool})
+
+    def _read_demand(
+        self, now: float, errors: list[str], status: dict[tuple[str, str], bool]
+    ) -> Demand:
+        groups: list[DemandGroup] = []
+        failed: list[str] = []
+        for source in self.signals.queues:
+            try:
+                groups.extend(source.read(now))
+                status[("queue", source.name)] = True
+            except Exception as exc:
+                failed.append(source.name)
+                status[("queue", source.name)] = False
+                errors.append(f"queue source {source.name}: {describe(exc)}")
+        return Demand.model_construct(
+            groups=tuple(groups), known=not failed, failed_sources=tuple(failed)
+        )
+
+    def _read_nodes(
+        self, now: float, errors: list[str], status: dict[tuple[str, str], bool]
+    ) -> NodeReading:
+        reading = NodeReading()
+        source = self.signals.nodes
+        if source is not None:
+            try:
+                reading = source.read_nodes(now)
+                status[("nodes", source.name)] = True
+            except Exception as exc:
+                status[("nodes", source.name)] = False
+                errors.append(f"node source {source.name}: {describe(exc)}")
+        tracker = self.signals.tracker
+        for telemetry in self.signals.telemetry:
+            try:
+                tracker.observe(telemetry.read_gpus(now))
+                status[("telemetry", telemetry.name)] = True
+            except Exception as exc:
+                status[("telemetry", telemetry.name)] = False
+                errors.append(f"telemetry {telemetry.name}: {describe(exc)}")
+            targets = getattr(telemetry, "target_status", None)
+            if callable(targets):
+                for url, problem in targets().items():
+                    status[("target", f"{telemetry.name} {url}")] = problem is None
+        if not self.signals.telemetry:
+            return reading
+        measured = tracker.nodes(now)
+        onprem = tuple(
+            node
+            if node.name not in measured
+            else node.model_copy(
+                update={
+                    "gpu_util_pct": measured[node.name].util_pct,
+                    "idle_since": measured[node.name].idle_since,
+                }
+            )
+            for node in reading.onprem
+        )
+        return NodeReading(onprem, apply(reading.cloud, measured))
+
+    def _underused(self, now: float, usage: Mapping[str, NodeUsage]) -> dict[str, float]:
+        """Since when each running node has had at most half of its GPUs allocated (and at least
+        one): a node kept up for a job or two it could hand on."""
+        since: dict[str, float] = {}
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            if record.state is not InstanceState.RUNNING or seen is None:
+                continue
+            if 0 < seen.gpus_allocated * 2 <= record.gpus:
+                since[record.id] = self._underused_since.get(record.id, now)
+        self._underused_since = since
+        return since
+
+    def _jobs_at_risk(
+        self,
+        now: float,
+        usage: Mapping[str, NodeUsage],
+        underused: Mapping[str, float],
+        noticed: set[str],
+        errors: list[str],
+    ) -> dict[str, JobsOnNode]:
+        """For each node a policy may give back, what draining it would throw away, whether
+        all its jobs checkpoint, and the GPUs each of its jobs holds there. Only nodes whose
+        GPUs read idle, that are underused, that the cloud is taking back (their jobs' sizes
+        are what a replacement must hold) or that are on-demand where spot pools exist (a
+        policy may replace them) are asked about, in one scheduler query. The work at risk,
+        which grows every second, is left unknown on the busy on-demand nodes, so that their
+        view objects stay the same from tick to tick while their jobs do."""
+        if self.jobs is None:
+            return {}
+        found: dict[str, JobsOnNode] = {}
+        ask: list[str] = []
+        sized_only: set[str] = set()
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            if record.state is not InstanceState.RUNNING or seen is None:
+                continue
+            if seen.gpus_allocated == 0:
+                found[record.id] = JobsOnNode(0.0, True, (), False, ())
+            elif seen.idle_since is not None or record.id in underused or record.id in noticed:
+                ask.append(record.id)
+            elif record.pool in self._replaceable_pools:
+                ask.append(record.id)
+                sized_only.add(record.id)
+        if not ask:
+            return found
+        try:
+            running = running_jobs_on(self.jobs, ask)
+        except Exception as exc:
+            errors.append(f"scheduler: listing running jobs failed: {describe(exc)}")
+            return found
+        for node in ask:
+            jobs = running.get(node, ())
+            found[node] = JobsOnNode(
+                None
+                if node in sized_only
+                else sum(
+                    self.checkpoints.unsaved_gpu_s(job.id, job.gpus, job.started_at, now)
+                    for job in jobs
+                ),
+                all(
+                    job.checkpoint_interval_s is not None or job.checkpoint_signal is not None
+                    for job in jobs
+                ),
+                tuple(sorted((job.gpus for job in jobs), reverse=True)),
+                any(job.nodes > 1 for job in jobs),
+                tuple(sorted((job.id, job.nodes) for job in jobs if job.nodes > 1)),
+            )
+        return found
+
+    def _cloud_nodes(
+        self,
+        usage: Mapping[str, NodeUsage],
+        underused: Mapping[str, float],
+        at_risk: Mapping[str, JobsOnNode],
+    ) -> tuple[CloudNode, ...]:
+        """One ``CloudNode`` per live record; last tick's object is reused when nothing about
+        the node changed, since most of a large fleet is the same from one tick to the next."""
+        nodes = []
+        cache: dict[str, tuple[object, CloudNode]] = {}
+        for record in self.table.live():
+            seen = usage.get(record.id)
+            since = underused.get(record.id)
+            risk = at_risk.get(record.id)
+            key = (record.state, seen, since, risk)
+            cached = self._node_cache.get(record.id)
+            if cached is not None and cached[0] == key:
+                node = cached[1]
+            else:
+                node = CloudNode.model_construct(
+                    instance_id=record.id,
+                    pool=record.pool,
+                    state=record.state,
+                    launched_at=record.launched_at,
+                    gpus=record.gpus,
+                    gpus_allocated=seen.gpus_allocated if seen else 0,
+                    gpu_util_pct=seen.gpu_util_pct if seen else None,
+                    idle_since=seen.idle_since if seen else None,
+                    empty_since=seen.empty_since if seen else None,
+                    joined=seen is not None,
+                    underused_since=since,
+                    work_at_risk_gpu_s=risk.unsaved_gpu_s if risk is not None else None,
+                    jobs_checkpoint=risk.checkpoint if risk is not None else None,
+                    job_gpus=risk.job_gpus if risk is not None else None,
+                    multi_node_jobs=risk.multi_node if risk is not None else None,
+                    gang_jobs=risk.gangs if risk is not None else None,
+                )
+            cache[record.id] = (key, node)
+            nodes.append(node)
+        self._node_cache = cache
+        return tuple(nodes)
+
+    def _pool_views(self, now: float) -> tuple[PoolView, ...]:
+        return tuple(
+            PoolView.model_construct(
+                pool=pool,
+                price=self._last_prices.get(pool.name),
+                unavailable_until=self.capacity.unavailable_until(pool.name, now),
+                risky_until=self.history.risky_until(pool.name, now),
+                recent_interruptions=self.history.recent(pool.name, now),
+                recent_instance_hours=self.history.exposure_hours(pool.name, now),
+                recent_reclaims=self.history.reclaims(pool.name, now),
+            )
+            for pool in self.config.pools
+        )
