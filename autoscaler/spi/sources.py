@@ -114,6 +114,20 @@ class CheckpointingScheduler(Protocol):
     def requeue(self, job_id: str) -> None: ...
 
 
+@runtime_checkable
+class BulkDrainer(Protocol):
+    """A scheduler that closes many nodes in one command (a zone-wide reclaim is hundreds)."""
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> None: ...
+
+
+@runtime_checkable
+class JobsByNode(Protocol):
+    """A scheduler that lists every node's running jobs in one read, not one read per node."""
+
+    def running_jobs_by_node(self) -> Mapping[str, Sequence[RunningJob]]: ...
+
+
 class GroupKey(NamedTuple):
     """What makes pending jobs interchangeable for capacity planning."""
 
