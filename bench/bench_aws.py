@@ -37,7 +37,8 @@ from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUES
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.retry import RetryPolicy
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
-from providers.aws import LISTED_STATES, AwsProvider
+from providers.aws import AwsProvider
+from providers.aws.instances import LISTED_STATES
 
 REGION = "us-east-1"
 FLEET = "bench"
@@ -175,14 +176,15 @@ def listing(url: str, instances: int, repeats: int, compare: bool) -> dict[str, 
     provider.list_instances(FLEET + "-list")  # a steady one: only the fleet tag
     before: list[float] = []
     everything = [{"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
+    instances = provider.instances
     if compare:
-        sum(1 for _ in provider._describe(REGION, everything))
+        sum(1 for _ in instances.describe(REGION, everything))
     moto_s = time.perf_counter() - started
     replay.replaying = True
     if compare:
         for _ in range(repeats):
             started = time.perf_counter()
-            [provider._instance(raw, REGION) for raw in provider._describe(REGION, everything)]
+            [instances.instance(raw, REGION) for raw in instances.describe(REGION, everything)]
             before.append(time.perf_counter() - started)
     steady: list[tuple[float, float, float]] = []
     first: list[tuple[float, float, float]] = []

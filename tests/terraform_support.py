@@ -23,7 +23,6 @@ import hcl2
 ROOT = Path(__file__).resolve().parent.parent
 TERRAFORM = ROOT / "terraform"
 PROVIDERS = ROOT / "providers"
-AWS_MODULES = ("aws.py", "aws_events.py", "aws_gang.py", "aws_notices.py", "aws_queue.py")
 
 # boto3 service name -> IAM service prefix (where they differ, add them here)
 IAM_PREFIX = {"ec2": "ec2", "sqs": "sqs"}
@@ -238,6 +237,14 @@ def lower_camel(snake: str) -> str:
     return text[:1].lower() + text[1:]
 
 
+def cloud_modules(cloud: str) -> tuple[str, ...]:
+    """Every module of a cloud's folder (``aws/instances.py``, ...): a module added there is
+    read without being listed here."""
+    return tuple(
+        str(path.relative_to(PROVIDERS)) for path in sorted((PROVIDERS / cloud).glob("*.py"))
+    )
+
+
 def _tree(name: str) -> ast.Module:
     return ast.parse((PROVIDERS / name).read_text(), filename=name)
 
@@ -325,7 +332,7 @@ def _boto3_attributes(trees: Mapping[str, ast.Module]) -> dict[str, dict[str, st
 
 def aws_calls() -> Calls:
     """IAM actions for every boto3 client method the AWS modules call."""
-    trees = {name: _tree(name) for name in AWS_MODULES}
+    trees = {name: _tree(name) for name in cloud_modules("aws")}
     attributes = _boto3_attributes(trees)
     calls = Calls()
     for module, tree in trees.items():

@@ -321,7 +321,7 @@ def test_interruption_queue_notices_dedup_malformed_and_acknowledgement(aws: str
 
 
 def test_health_scheduled_change_and_state_change_become_notices(aws: str) -> None:
-    from providers.aws_events import parse_event
+    from providers.aws.events import parse_event
 
     health = parse_event(
         json.dumps(
@@ -366,7 +366,7 @@ def test_the_core_and_other_providers_import_without_boto3_on_the_path(tmp_path:
         "        if name.split('.')[0] in ('boto3', 'botocore'):\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import providers.aws, providers.aws_queue, providers.aws_notices\n"
+        "import providers.aws, providers.aws.queue, providers.aws.notices\n"
         "print('imported')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

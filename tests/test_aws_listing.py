@@ -17,7 +17,8 @@ from autoscaler.model import Instance, InstanceState
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.errors import ThrottledError, TransientError
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
-from providers.aws import LISTED_STATES, UNSEEN_GRACE_S, AwsProvider
+from providers.aws import AwsProvider
+from providers.aws.instances import LISTED_STATES, UNSEEN_GRACE_S
 
 NOW = 1_700_000_000.0
 
@@ -25,8 +26,9 @@ NOW = 1_700_000_000.0
 def reference(aws_provider: AwsProvider) -> list[Instance]:
     """What the DescribeInstances listing (the one this replaced) makes of the same instances."""
     filters = [{"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
+    instances = aws_provider.instances
     return sorted(
-        (aws_provider._instance(raw, REGION) for raw in aws_provider._describe(REGION, filters)),
+        (instances.instance(raw, REGION) for raw in instances.describe(REGION, filters)),
         key=lambda i: i.id,
     )
 

@@ -43,7 +43,8 @@ from autoscaler.model.errors import (
     TransientError,
 )
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
-from providers.aws import PLACEMENT_GROUP_NAME, AwsProvider
+from providers.aws import AwsProvider
+from providers.aws.settings import PLACEMENT_GROUP_NAME
 from providers.azure import PPG_NAME, AzureProvider, core_tags
 from providers.gcp import RESOURCE_NAME, GcpProvider, tags_from_labels
 from providers.placement import derived_name
@@ -656,9 +657,9 @@ def test_the_grant_check_reads_the_gang_modules() -> None:
     """test_terraform.py compares grants with the calls found here; the gang modules' calls
     must be among them, or a grant could go missing unseen."""
     aws = aws_calls().actions
-    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:CreatePlacementGroup"])
-    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:DescribePlacementGroups"])
-    assert any(w.startswith("providers/aws_gang.py") for w in aws["ec2:TerminateInstances"])
+    assert any(w.startswith("providers/aws/gang.py") for w in aws["ec2:CreatePlacementGroup"])
+    assert any(w.startswith("providers/aws/gang.py") for w in aws["ec2:DescribePlacementGroups"])
+    assert any(w.startswith("providers/aws/gang.py") for w in aws["ec2:TerminateInstances"])
     gcp = gcp_calls().actions
     assert any(w.startswith("providers/gcp_gang.py") for w in gcp["compute.instances.create"])
     assert {

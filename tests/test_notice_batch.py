@@ -145,7 +145,7 @@ def test_nine_malformed_messages_never_hide_the_good_warning_in_their_batch(
     assert len(sent["Successful"]) == 10
     bad_ids = {e["MessageId"] for e in sent["Successful"] if e["Id"] != "good"}
 
-    with caplog.at_level(logging.WARNING, logger="providers.aws_notices"):
+    with caplog.at_level(logging.WARNING, logger="providers.aws.notices"):
         assert watcher.poll_once() == 10, "the ten arrive in one receive"
         assert watcher.notices_ready() == 1
         report = controller.tick()
@@ -172,7 +172,7 @@ def test_nine_malformed_messages_never_hide_the_good_warning_in_their_batch(
         watcher.poll_once()
         return dead_letters() == 9
 
-    with caplog.at_level(logging.WARNING, logger="providers.aws_notices"):
+    with caplog.at_level(logging.WARNING, logger="providers.aws.notices"):
         assert wait_until(redriven, timeout_s=60)
     assert watcher.malformed == 9
     assert len([r for r in caplog.records if "malformed" in r.getMessage()]) == 9

@@ -26,7 +26,7 @@ from node_agent.metadata import MAX_ANSWER, AgentNotice, NoticeMetrics
 from node_agent.metadata_aws import AwsWatcher
 from node_agent.metadata_azure import AzureWatcher, parse_document, preempts
 from node_agent.metadata_gcp import GcpWatcher
-from providers.aws_events import MalformedEventError, parse_event
+from providers.aws.events import MalformedEventError, parse_event
 
 DATA = Path(__file__).parent / "data" / "notices"
 NOW = 1_795_255_200.0  # the time the seeds in tests/data/notices are written around

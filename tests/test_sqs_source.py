@@ -8,7 +8,7 @@ import pytest
 from aws_support import REGION
 
 from autoscaler.model.errors import InputError, ProviderError
-from providers.aws_queue import SqsQueueSource
+from providers.aws.queue import SqsQueueSource
 
 
 def source(url: str, queue_url: str, **settings: object) -> SqsQueueSource:

@@ -41,7 +41,7 @@ from terraform_support import (
 from autoscaler.app.assembly import build_providers
 from autoscaler.model.config import load_config
 from autoscaler.spi.provider import FLEET_TAG
-from providers.aws_events import HEALTH, LEAVING_STATES, REBALANCE, SPOT_WARNING, STATE_CHANGE
+from providers.aws.events import HEALTH, LEAVING_STATES, REBALANCE, SPOT_WARNING, STATE_CHANGE
 
 MODULES = ("aws", "gcp", "azure")
 ROOT = TERRAFORM.parent
@@ -115,8 +115,8 @@ def test_the_code_side_finds_every_kind_of_call() -> None:
     another class, a Compute Engine method handed to a helper, an ARM group bound to a name."""
     aws = aws_calls().actions
     assert "ec2:RunInstances" in aws and "ec2:DescribeSpotPriceHistory" in aws
-    assert any(w.startswith("providers/aws_notices.py") for w in aws["sqs:ReceiveMessage"])
-    assert any(w.startswith("providers/aws_queue.py") for w in aws["sqs:GetQueueAttributes"])
+    assert any(w.startswith("providers/aws/notices.py") for w in aws["sqs:ReceiveMessage"])
+    assert any(w.startswith("providers/aws/queue.py") for w in aws["sqs:GetQueueAttributes"])
     assert {"compute.instances.create", "compute.zoneOperations.get"} <= set(gcp_calls().actions)
     assert "Microsoft.Compute/virtualMachines/write" in azure_calls().actions
 
@@ -166,11 +166,11 @@ def test_a_policy_that_drifts_from_the_code_fails(
 
 def test_a_new_call_in_the_code_fails_until_granted(modules: dict[str, Module]) -> None:
     code = aws_calls()
-    code.add("ec2:StopInstances", "providers/aws.py:1")
+    code.add("ec2:StopInstances", "providers/aws/instances.py:1")
     assert compare(code, aws_granted(modules["aws"])) == [
-        "needed but not granted: ec2:StopInstances (called at providers/aws.py:1)"
+        "needed but not granted: ec2:StopInstances (called at providers/aws/instances.py:1)"
     ]
-    code.unknown.append("providers/aws.py:2: boto3 service 'pricing' has no IAM prefix")
+    code.unknown.append("providers/aws/instances.py:2: boto3 service 'pricing' has no IAM prefix")
     assert compare(code, aws_granted(modules["aws"]))[0].startswith("not understood: ")
 
 

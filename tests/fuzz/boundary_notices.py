@@ -48,7 +48,7 @@ from node_agent.metadata_aws import instance_action, parse_document, rebalance
 from node_agent.metadata_azure import parse_document as parse_azure
 from node_agent.metadata_azure import preempts
 from node_agent.metadata_gcp import GcpWatcher
-from providers.aws_events import MalformedEventError, parse_event
+from providers.aws.events import MalformedEventError, parse_event
 
 NOW = 1_795_255_200.0  # 2026-11-21T10:00:00Z: the seeds' time
 DATA = Path(__file__).resolve().parent.parent / "data" / "notices"
@@ -578,7 +578,7 @@ class _Sqs:
         from moto.server import ThreadedMotoServer
 
         # the watcher's one line per malformed message is the behaviour under test, not output
-        logging.getLogger("providers.aws_notices").setLevel(logging.ERROR)
+        logging.getLogger("providers.aws.notices").setLevel(logging.ERROR)
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -749,7 +749,7 @@ class CloudNoticesBoundary:
         return Outcome.accepted()
 
     def _sqs_batch(self, data: CloudCase) -> Outcome:
-        from providers.aws_notices import NoticeWatcher
+        from providers.aws.notices import NoticeWatcher
 
         if self._sqs is None:
             self._sqs = _Sqs()

@@ -25,7 +25,7 @@ from autoscaler.model import InterruptionNotice, NoticeKind
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import describe
 from autoscaler.spi.wakeups import Wakeups
-from providers.aws_events import MalformedEventError, parse_event
+from providers.aws.events import MalformedEventError, parse_event
 
 log = logging.getLogger(__name__)
 

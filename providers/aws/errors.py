@@ -1,10 +1,13 @@
-"""What AWS's error codes mean for the controller: the mapping from botocore exceptions onto the
+"""What AWS's error codes mean for the controller: the mapping from what botocore raised onto the
 core's typed errors (after Karpenter's error classification for EC2).
 
-botocore is imported inside the function, so importing this module needs no SDK.
+botocore itself is read by ``providers.aws.sdk.fault``; this module gives the codes a meaning.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from autoscaler.model.errors import (
     AuthError,
@@ -16,6 +19,7 @@ from autoscaler.model.errors import (
     ThrottledError,
     TransientError,
 )
+from providers.aws.sdk import fault
 
 CAPACITY_CODES = frozenset(
     {
@@ -86,30 +90,27 @@ def error_code(code: str | None, status: int, message: str, pool: str | None) ->
     return InvalidRequest(text, pool=pool, code=code or "InvalidRequest")
 
 
-def typed(exc: Exception, pool: str | None = None) -> ProviderError:
+def typed(exc: BaseException, pool: str | None = None) -> ProviderError:
     """Map anything boto3 raises onto a typed error; credentials never appear in the message."""
-    from botocore.exceptions import (
-        ClientError,
-        ConnectionClosedError,
-        ConnectTimeoutError,
-        EndpointConnectionError,
-        NoCredentialsError,
-        PartialCredentialsError,
-        ReadTimeoutError,
-    )
-
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        return error_code(error.get("Code"), status, str(error.get("Message", "")), pool)
-    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+    found = fault(exc)
+    if found.kind == "answer":
+        return error_code(found.code, found.status, found.message, pool)
+    if found.kind == "credentials":
         return AuthError(
             "no usable AWS credentials in the standard chain", pool=pool, code="NoCredentials"
         )
-    if isinstance(
-        exc, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
-    ):
-        return TransientError(f"{type(exc).__name__}: {exc}", pool=pool, code="Connection")
-    return TransientError(f"{type(exc).__name__}: {exc}", pool=pool, code=type(exc).__name__)
+    if found.kind == "connection":
+        return TransientError(found.message, pool=pool, code="Connection")
+    return TransientError(found.message, pool=pool, code=found.code)
+
+
+def fleet_shortfall(errors: Sequence[Mapping[str, Any]], pool: str) -> ProviderError | None:
+    """CreateFleet reports what it could not launch per override; a capacity code among them
+    is the one that tells act what to do, so it wins."""
+    if not errors:
+        return None
+    codes = [str(e.get("ErrorCode", "")) for e in errors]
+    chosen = next((i for i, c in enumerate(codes) if c in CAPACITY_CODES), 0)
+    return error_code(codes[chosen], 400, str(errors[chosen].get("ErrorMessage", "")), pool)

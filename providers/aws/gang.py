@@ -17,7 +17,7 @@
   because EC2 answers a repeated client token with the earlier launch. The controller's next
   decision buys under a new request id.
 
-A rollback terminates by instance id, not through ``AwsProvider.terminate``: that re-reads the
+A rollback terminates by instance id, not through ``AwsInstances.terminate``: that re-reads the
 instances by tag first, and EC2's reads can miss an instance for a moment after its launch.
 """
 
@@ -26,16 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 from autoscaler.model import Instance, Pool
 from autoscaler.model.errors import CapacityError, InvalidRequest, ProviderError
 from autoscaler.spi.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
-from providers.aws_errors import typed
+from providers.aws.errors import typed
+from providers.aws.instances import AwsInstances, shapes
 from providers.placement import KnownGroups, PlacementOption
-
-if TYPE_CHECKING:
-    from providers.aws import AwsProvider
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +44,14 @@ INCOMPLETE = "GangIncomplete"
 
 
 class AwsGangs:
-    """``launch_gang`` for one ``AwsProvider`` (it owns the clients, options and tags)."""
+    """``launch_gang`` for one provider's instances (they own the clients, options and tags)."""
 
-    def __init__(self, provider: AwsProvider) -> None:
-        self.provider = provider
+    def __init__(self, instances: AwsInstances) -> None:
+        self.instances = instances
         self._groups = KnownGroups()
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
-        provider = self.provider
+        instances = self.instances
         alive = self._alive(pool, request_id)
         if len(alive) == count:
             return LaunchResult(tuple(alive), already_existed=True)
@@ -67,15 +64,15 @@ class AwsGangs:
                 code=INCOMPLETE,
             )
         group = self.group(pool)
-        now = provider.clock.now()
-        tags = provider._tags_for(pool, request_id, now)
+        now = instances.clock.now()
+        tags = instances.tags_for(pool, request_id, now)
         try:
-            if len(provider._shapes(pool)) == 1:
-                ids, shortfall = provider._run_instances(
+            if len(shapes(pool, instances.options[pool.name])) == 1:
+                ids, shortfall = instances.run_instances(
                     pool, count, request_id, tags, together=True, group=group
                 )
             else:
-                ids, shortfall = provider._create_fleet(
+                ids, shortfall = instances.create_fleet(
                     pool, count, request_id, tags, together=True, group=group
                 )
         except Exception as exc:
@@ -93,20 +90,20 @@ class AwsGangs:
                 pool=pool.name,
                 code="UnfulfillableCapacity",
             )
-        return LaunchResult(tuple(provider._launched(pool, i, request_id, now) for i in ids))
+        return LaunchResult(tuple(instances.launched(pool, i, request_id, now) for i in ids))
 
     # -- the placement group -----------------------------------------------------------------
 
     def group(self, pool: Pool) -> str | None:
         """The pool's placement group, looked up (and made, if asked) once per provider."""
-        option = self.provider.options[pool.name].placement_group
+        option = self.instances.options[pool.name].placement_group
         return self._groups.get(
-            option, self.provider.fleet_id, pool.name, partial(self._find, pool)
+            option, self.instances.fleet_id, pool.name, partial(self._find, pool)
         )
 
     def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
         """The group's name once it is known to exist (made if missing and asked to be)."""
-        ec2 = self.provider.client("ec2", pool.region)
+        ec2 = self.instances.clients.client("ec2", pool.region)
         try:
             found = ec2.describe_placement_groups(
                 Filters=[{"Name": "group-name", "Values": [name]}]
@@ -136,11 +133,11 @@ class AwsGangs:
         """A cluster placement group tagged with the fleet (so IAM can fence the creation to
         it) and the pool. Another replica making it first is fine."""
         tags = [
-            {"Key": FLEET_TAG, "Value": self.provider.fleet_id},
+            {"Key": FLEET_TAG, "Value": self.instances.fleet_id},
             {"Key": POOL_TAG, "Value": pool.name},
         ]
         try:
-            self.provider.client("ec2", pool.region).create_placement_group(
+            self.instances.clients.client("ec2", pool.region).create_placement_group(
                 GroupName=name,
                 Strategy="cluster",
                 TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}],
@@ -155,8 +152,8 @@ class AwsGangs:
 
     def _alive(self, pool: Pool, request_id: str) -> list[Instance]:
         return [
-            self.provider._instance(raw, pool.region)
-            for raw in self.provider._describe(
+            self.instances.instance(raw, pool.region)
+            for raw in self.instances.describe(
                 pool.region,
                 [
                     {"Name": f"tag:{REQUEST_TAG}", "Values": [request_id]},
@@ -171,7 +168,9 @@ class AwsGangs:
         if not ids:
             return
         try:
-            self.provider.client("ec2", pool.region).terminate_instances(InstanceIds=list(ids))
+            self.instances.clients.client("ec2", pool.region).terminate_instances(
+                InstanceIds=list(ids)
+            )
         except Exception as exc:
             error: ProviderError = typed(exc, pool.name)
             log.warning("%s: rolling back gang instances %s failed: %s", pool.name, ids, error)

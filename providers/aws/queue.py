@@ -18,8 +18,9 @@ from autoscaler.model import DemandGroup
 from autoscaler.model.clock import Clock, SystemClock
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.spi.job_shape import ShapeSettings
-from providers.aws import REGION, endpoint_problem, queue_url_problem
-from providers.aws_errors import typed
+from providers.aws.errors import typed
+from providers.aws.sdk import client
+from providers.aws.settings import REGION, endpoint_problem, queue_url_problem
 
 
 class SqsSourceSettings(ShapeSettings):
@@ -78,18 +79,13 @@ class SqsQueueSource:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            self._client = boto3.session.Session().client(
+            self._client = client(
                 "sqs",
-                region_name=self.settings.region,
+                self.settings.region,
                 endpoint_url=self.settings.endpoint_url,
-                config=Config(
-                    retries={"total_max_attempts": 2, "mode": "standard"},
-                    connect_timeout=5,
-                    read_timeout=10,
-                ),
+                connect_timeout_s=5,
+                read_timeout_s=10,
+                attempts=2,
             )
         return self._client
 
