@@ -1,14 +1,20 @@
-"""``gpu-autoscaler agent``: its arguments and entry point (stdlib only at import time, so the
-CLI starts fast and without the agent's optional packages)."""
+"""The node agent's command line: ``gpu-autoscaler-agent`` (this module's ``main``) and
+``gpu-autoscaler agent`` (the controller's CLI borrows ``add_arguments`` and ``run``) take the
+same arguments and behave the same. Stdlib only at import time, so the CLI starts fast and
+without the agent's optional packages.
+
+Bad input ends in one line on stderr and exit status 2, never a traceback (``--debug`` shows one
+for bugs), as in the controller's CLI.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-AWS_METADATA_URL = "http://169.254.169.254"
-GCP_METADATA_URL = "http://metadata.google.internal"
-AZURE_METADATA_URL = "http://169.254.169.254"
+EXIT_BAD_INPUT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cloud",
         default="auto",
-        choices=["auto", "aws", "gcp", "azure", "none"],
-        help="which cloud's interruption notices to watch (default: probe the metadata servers)",
+        metavar="auto|none|WATCHER",
+        help="which cloud's interruption notices to watch: an installed metadata watcher's name "
+        "(aws, gcp, azure built in), none, or auto (default: probe every installed watcher's "
+        "metadata server)",
     )
     parser.add_argument(
         "--controller-url",
@@ -71,9 +79,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="acknowledge a Preempt event once the notice was delivered and the hook returned "
         "(default), or never (Azure then goes ahead at NotBefore)",
     )
-    parser.add_argument("--aws-metadata-url", default=AWS_METADATA_URL)
-    parser.add_argument("--gcp-metadata-url", default=GCP_METADATA_URL)
-    parser.add_argument("--azure-metadata-url", default=AZURE_METADATA_URL)
+    parser.add_argument(
+        "--metadata-url",
+        action="append",
+        default=None,
+        metavar="WATCHER=URL",
+        help="a watcher's metadata base URL, e.g. aws=http://127.0.0.1:8111 (repeatable; "
+        "default: each watcher's own, the cloud's link-local address)",
+    )
+    for cloud, default in (
+        ("aws", "http://169.254.169.254"),
+        ("gcp", "http://metadata.google.internal"),
+        ("azure", "http://169.254.169.254"),
+    ):
+        parser.add_argument(
+            f"--{cloud}-metadata-url",
+            default=None,
+            metavar="URL",
+            help=f"the same as --metadata-url {cloud}=URL (default {default})",
+        )
     parser.add_argument(
         "--aws-poll-seconds", type=float, default=5.0, help="IMDS poll period (AWS suggests 5)"
     )
@@ -89,3 +113,34 @@ def run(args: argparse.Namespace) -> int:
     from node_agent.main import options_from_arguments, run_agent
 
     return run_agent(options_from_arguments(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``gpu-autoscaler-agent``: the agent alone, for a node that runs nothing else of ours."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-autoscaler-agent",
+        description="The node agent: GPU metrics in dcgm-exporter's names, and the cloud's "
+        "interruption notices read on the node, forwarded to the controller.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    from autoscaler.model.errors import InputError, describe
+    from autoscaler.model.secrets import scrub
+
+    try:
+        return run(args)
+    except InputError as exc:
+        print("error: " + " ".join(scrub(str(exc)).split()), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"error: {scrub(describe(exc))} (this is a bug; run with --debug for details)",
+            file=sys.stderr,
+        )
+        return 1

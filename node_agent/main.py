@@ -2,8 +2,10 @@
 interruption notices and hand each one to the local hooks and the controller at the same time,
 until SIGTERM or SIGINT.
 
-On a cloud node the GPU series are labelled with the instance id (AWS) or name (GCP, Azure),
-which is what the providers and the scheduler call the node; elsewhere with the hostname.
+The cloud's watcher is found through the ``gpu_autoscaler.metadata_watchers`` entry points
+(``node_agent.watchers``); nothing here names a cloud. On a cloud node the GPU series are
+labelled with the instance id (AWS) or name (GCP, Azure), which is what the providers and the
+scheduler call the node; elsewhere with the hostname.
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from autoscaler.model.errors import InputError, SourceError
-from node_agent import metadata_aws, metadata_azure, metadata_gcp
+from autoscaler.model.errors import InputError, SourceError, describe
 from node_agent.forward import Delivery, Forwarder, load_token
 from node_agent.hooks import LocalHooks, parse_signal
-from node_agent.metadata import CLOUDS, AgentNotice, NoticeMetrics, Watcher
+from node_agent.metadata import AgentNotice, NoticeMetrics, Watcher
 from node_agent.metadata_azure import AzureAck
+from node_agent.watchers import (
+    CLOUD_WORDS,
+    WatcherClass,
+    WatcherContext,
+    check_name,
+    every_watcher,
+    metadata_urls,
+    watcher_class,
+)
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 1.0
@@ -37,6 +47,9 @@ STOP_JOIN_S = 3.0
 
 @dataclass(frozen=True)
 class AgentOptions:
+    """The agent's command line, checked. ``metadata_urls`` holds only the URLs given; a watcher
+    not named there reads its own ``default_metadata_url``."""
+
     listen_host: str = "0.0.0.0"
     listen_port: int = 9400
     hostname: str | None = None
@@ -59,9 +72,35 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def parse_metadata_urls(args: argparse.Namespace) -> dict[str, str]:
+    """``--metadata-url NAME=URL`` (any watcher) and the built-in clouds' shorthands
+    ``--aws-metadata-url`` etc.; naming one watcher twice is a mistake, not a precedence rule."""
+    given: dict[str, str] = {}
+    for item in args.metadata_url or ():
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise InputError("--metadata-url", f"{item!r} is not NAME=http(s)://HOST[:PORT]")
+        if name in given:
+            raise InputError("--metadata-url", f"{name} is given twice")
+        check_name(name, "--metadata-url")
+        given[name] = url
+    for name in ("aws", "gcp", "azure"):
+        url = getattr(args, f"{name}_metadata_url")
+        if url is None:
+            continue
+        if name in given:
+            raise InputError(f"--{name}-metadata-url", f"{name} is also given by --metadata-url")
+        given[name] = url
+    return given
+
+
 def options_from_arguments(args: argparse.Namespace) -> AgentOptions:
-    """Every argument checked here, so a mistake ends in one line before anything starts."""
+    """Every argument checked here, so a mistake ends in one line before anything starts (the
+    watcher ``--cloud`` names is loaded here too)."""
     host, port = parse_listen(args.listen)
+    if args.cloud not in CLOUD_WORDS:
+        watcher_class(args.cloud)
+    urls = parse_metadata_urls(args)
     for name in ("aws_poll_seconds", "azure_poll_seconds", "hook_timeout"):
         if not getattr(args, name) > 0:
             raise InputError("--" + name.replace("_", "-"), "must be a positive number of seconds")
@@ -84,11 +123,7 @@ def options_from_arguments(args: argparse.Namespace) -> AgentOptions:
         listen_port=port,
         hostname=args.hostname,
         cloud=args.cloud,
-        metadata_urls={
-            "aws": args.aws_metadata_url,
-            "gcp": args.gcp_metadata_url,
-            "azure": args.azure_metadata_url,
-        },
+        metadata_urls=urls,
         controller_url=args.controller_url,
         token=token,
         ca_file=args.ca_file,
@@ -100,22 +135,37 @@ def options_from_arguments(args: argparse.Namespace) -> AgentOptions:
     )
 
 
-def detect_cloud(urls: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> str:
-    """The cloud whose metadata server answers; probed together so a non-cloud node waits one
-    timeout, not three. AWS and Azure share an address but not their paths or headers."""
-    probes = {
-        "aws": metadata_aws.probe,
-        "gcp": metadata_gcp.probe,
-        "azure": metadata_azure.probe,
-    }
-    with ThreadPoolExecutor(max_workers=len(CLOUDS)) as pool:
+def detect_cloud(
+    urls: Mapping[str, str],
+    timeout_s: float = PROBE_TIMEOUT_S,
+    watchers: Mapping[str, WatcherClass] | None = None,
+) -> str:
+    """The installed watcher (of those with a URL in ``urls``) whose metadata server answers;
+    probed together so a non-cloud node waits one timeout, not one per cloud. AWS and Azure
+    share an address but not their paths or headers; should two answer, the first by name
+    wins and a line says so."""
+    classes = every_watcher() if watchers is None else watchers
+    probed = {name: cls for name, cls in sorted(classes.items()) if name in urls}
+    if not probed:
+        return "none"
+    with ThreadPoolExecutor(max_workers=len(probed)) as pool:
         answers = {
-            cloud: pool.submit(probes[cloud], urls[cloud], timeout_s)
-            for cloud in CLOUDS
-            if cloud in urls
+            name: pool.submit(_probe, name, cls, urls[name], timeout_s)
+            for name, cls in probed.items()
         }
-        found = [cloud for cloud, answer in answers.items() if answer.result()]
+        found = [name for name, answer in answers.items() if answer.result()]
+    if len(found) > 1:
+        log.warning("metadata servers of %s all answer; watching %s", ", ".join(found), found[0])
     return found[0] if found else "none"
+
+
+def _probe(name: str, cls: WatcherClass, url: str, timeout_s: float) -> bool:
+    """A probe that raises (a plugin's bug) counts as no answer, with one line."""
+    try:
+        return bool(cls.probe(url, timeout_s))
+    except Exception as exc:
+        log.warning("the %s metadata watcher's probe failed: %s", name, describe(exc))
+        return False
 
 
 class NoticeDispatch:
@@ -144,18 +194,34 @@ class NoticeDispatch:
 
 
 def build_watcher(
-    cloud: str, options: AgentOptions, dispatch: NoticeDispatch, metrics: NoticeMetrics
-) -> Watcher | None:
-    urls = options.metadata_urls
-    if cloud == "aws":
-        return metadata_aws.AwsWatcher(urls["aws"], dispatch, metrics, poll_s=options.aws_poll_s)
-    if cloud == "gcp":
-        return metadata_gcp.GcpWatcher(urls["gcp"], dispatch, metrics)
-    if cloud == "azure":
-        return metadata_azure.AzureWatcher(
-            urls["azure"], dispatch, metrics, ack=options.azure_ack, poll_s=options.azure_poll_s
-        )
-    return None
+    cloud: str,
+    cls: WatcherClass,
+    options: AgentOptions,
+    dispatch: NoticeDispatch,
+    metrics: NoticeMetrics,
+) -> Watcher:
+    url = options.metadata_urls.get(cloud, cls.default_metadata_url)
+    return cls.from_context(WatcherContext(cloud, url, dispatch, metrics, options))
+
+
+def choose_watcher(
+    options: AgentOptions, dispatch: NoticeDispatch, metrics: NoticeMetrics
+) -> tuple[str, Watcher | None]:
+    """The cloud to watch and its watcher: the one ``--cloud`` names, or with ``auto`` the
+    installed one whose metadata server answers; ``none`` when there is none."""
+    cloud = options.cloud
+    if cloud == "none":
+        return cloud, None
+    if cloud == "auto":
+        classes = every_watcher()
+        cloud = detect_cloud(metadata_urls(classes, options.metadata_urls), watchers=classes)
+        log.info("cloud detected from the metadata servers: %s", cloud)
+        if cloud == "none":
+            return cloud, None
+        cls = classes[cloud]
+    else:
+        cls = watcher_class(cloud)
+    return cloud, build_watcher(cloud, cls, options, dispatch, metrics)
 
 
 class _RegistryBridge(Collector):
@@ -206,11 +272,7 @@ def run_agent(options: AgentOptions) -> int:
     if options.controller_url is not None and options.token is not None:
         forwarder = Forwarder(options.controller_url, options.token, metrics, options.ca_file)
     dispatch = NoticeDispatch(forwarder, options.hooks)
-    cloud = options.cloud
-    if cloud == "auto":
-        cloud = detect_cloud(options.metadata_urls)
-        log.info("cloud detected from the metadata servers: %s", cloud)
-    watcher = build_watcher(cloud, options, dispatch, metrics)
+    cloud, watcher = choose_watcher(options, dispatch, metrics)
     hostname = node_name(options, watcher)
     try:
         server = GpuMetricsServer(hostname, options.listen_host, options.listen_port)

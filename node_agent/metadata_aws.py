@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from autoscaler.model import NoticeKind
 from autoscaler.model.errors import SourceError
@@ -29,6 +30,9 @@ from node_agent.metadata import (
     parse_iso_time,
     reachable,
 )
+
+if TYPE_CHECKING:
+    from node_agent.watchers import WatcherContext
 
 SOURCE = "aws-imds"
 TOKEN_PATH = "/latest/api/token"
@@ -81,23 +85,33 @@ def rebalance(document: dict[str, object], instance_id: str, now: float) -> Agen
     )
 
 
-def probe(base_url: str, timeout_s: float) -> bool:
-    """IMDSv2 answers a token PUT; nothing else at that address does."""
-    try:
-        answer = call(
-            "aws metadata",
-            "PUT",
-            base_url + TOKEN_PATH,
-            {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
-            timeout_s,
-        )
-    except SourceError:
-        return False
-    return answer.status == 200 and bool(answer.text())
-
-
 class AwsWatcher:
+    """Registered as ``aws`` in ``gpu_autoscaler.metadata_watchers``."""
+
     cloud = "aws"
+    default_metadata_url: ClassVar[str] = "http://169.254.169.254"
+
+    @staticmethod
+    def probe(base_url: str, timeout_s: float) -> bool:
+        """IMDSv2 answers a token PUT; nothing else at that address does."""
+        try:
+            answer = call(
+                "aws metadata",
+                "PUT",
+                base_url.rstrip("/") + TOKEN_PATH,
+                {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+                timeout_s,
+            )
+        except SourceError:
+            return False
+        return answer.status == 200 and bool(answer.text())
+
+    @classmethod
+    def from_context(cls, context: WatcherContext) -> AwsWatcher:
+        options = context.options
+        return cls(
+            context.metadata_url, context.on_notice, context.metrics, poll_s=options.aws_poll_s
+        )
 
     def __init__(
         self,

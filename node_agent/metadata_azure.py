@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -35,6 +35,9 @@ from node_agent.metadata import (
     instance_name,
     reachable,
 )
+
+if TYPE_CHECKING:
+    from node_agent.watchers import WatcherContext
 
 SOURCE = "azure-scheduled-events"
 EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
@@ -68,14 +71,6 @@ class ScheduledEvents(BaseModel):
 
     incarnation: int = Field(alias="DocumentIncarnation")
     events: list[Any] = Field(alias="Events", max_length=MAX_EVENTS)
-
-
-def probe(base_url: str, timeout_s: float) -> bool:
-    try:
-        answer = call("azure metadata", "GET", base_url + NAME_PATH, HEADERS, timeout_s)
-    except SourceError:
-        return False
-    return answer.status == 200 and bool(answer.text())
 
 
 def parse_not_before(event: ScheduledEvent) -> float | None:
@@ -137,7 +132,31 @@ def _first(exc: ValidationError, default: str) -> str:
 
 
 class AzureWatcher:
+    """Registered as ``azure`` in ``gpu_autoscaler.metadata_watchers``."""
+
     cloud = "azure"
+    default_metadata_url: ClassVar[str] = "http://169.254.169.254"
+
+    @staticmethod
+    def probe(base_url: str, timeout_s: float) -> bool:
+        """IMDS answers the compute name to a request carrying ``Metadata: true``."""
+        url = base_url.rstrip("/") + NAME_PATH
+        try:
+            answer = call("azure metadata", "GET", url, HEADERS, timeout_s)
+        except SourceError:
+            return False
+        return answer.status == 200 and bool(answer.text())
+
+    @classmethod
+    def from_context(cls, context: WatcherContext) -> AzureWatcher:
+        options = context.options
+        return cls(
+            context.metadata_url,
+            context.on_notice,
+            context.metrics,
+            ack=options.azure_ack,
+            poll_s=options.azure_poll_s,
+        )
 
     def __init__(
         self,

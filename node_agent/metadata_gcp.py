@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from autoscaler.model import NoticeKind
 from autoscaler.model.errors import SourceError
@@ -32,22 +33,14 @@ from node_agent.metadata import (
     instance_name,
 )
 
+if TYPE_CHECKING:
+    from node_agent.watchers import WatcherContext
+
 SOURCE = "gcp-metadata"
 PREFIX = "/computeMetadata/v1/"
 HEADERS = {"Metadata-Flavor": "Google"}
 PREEMPTION_WINDOW_S = 30.0
 _ETAG = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-
-
-def probe(base_url: str, timeout_s: float) -> bool:
-    """The metadata server signs its answers with ``Metadata-Flavor: Google``."""
-    try:
-        answer = call(
-            "gcp metadata", "GET", base_url + PREFIX + "instance/name", HEADERS, timeout_s
-        )
-    except SourceError:
-        return False
-    return answer.status == 200 and answer.headers.get("Metadata-Flavor") == "Google"
 
 
 class _Key:
@@ -79,7 +72,24 @@ class _Key:
 
 
 class GcpWatcher:
+    """Registered as ``gcp`` in ``gpu_autoscaler.metadata_watchers``."""
+
     cloud = "gcp"
+    default_metadata_url: ClassVar[str] = "http://metadata.google.internal"
+
+    @staticmethod
+    def probe(base_url: str, timeout_s: float) -> bool:
+        """The metadata server signs its answers with ``Metadata-Flavor: Google``."""
+        url = base_url.rstrip("/") + PREFIX + "instance/name"
+        try:
+            answer = call("gcp metadata", "GET", url, HEADERS, timeout_s)
+        except SourceError:
+            return False
+        return answer.status == 200 and answer.headers.get("Metadata-Flavor") == "Google"
+
+    @classmethod
+    def from_context(cls, context: WatcherContext) -> GcpWatcher:
+        return cls(context.metadata_url, context.on_notice, context.metrics)
 
     def __init__(
         self,

@@ -9,6 +9,8 @@ HTTP on 127.0.0.1 (ThreadingHTTPServer on a free port), and the controller's not
 - Azure: ``Metadata: true`` required (400 without); Scheduled Events with
   ``DocumentIncarnation``; a ``StartRequests`` POST is recorded and moves the event to
   ``Started``; the compute name.
+- Acme, an imaginary cloud whose watcher is a third-party plugin (``tests/plugins/``): the
+  instance name signed with ``Acme-Metadata: 1``, and an interruption document (404 until set).
 
 Each fake's ``fault`` makes its notice endpoint answer a malformed body, a 500, something that
 is not HTTP at all, or hang past the client's timeout, until it is set back to ``None``.
@@ -320,6 +322,28 @@ class FakeAzureImds(_FakeServer):
             reply(handler, 404, b"not found")
 
 
+class FakeAcmeMetadata(_FakeServer):
+    """The metadata server of a cloud we do not ship, for ``tests/plugins/acme_watcher.py``."""
+
+    def __init__(self, name: str = "acme-node-7") -> None:
+        self.name = name
+        self.interruption: dict[str, object] | None = None
+        super().__init__()
+
+    def interrupt(self, event_id: str, deadline: float) -> None:
+        self.interruption = {"id": event_id, "deadline": deadline}
+
+    def handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        path = urlsplit(handler.path).path
+        if path == "/acme/v1/instance" and method == "GET":
+            reply(handler, 200, self.name.encode(), {"Acme-Metadata": "1"})
+        elif path == "/acme/v1/interruption" and method == "GET" and self.interruption:
+            body = json.dumps(self.interruption).encode()
+            reply(handler, 200, body, {"Acme-Metadata": "1"}, content_type="application/json")
+        else:
+            reply(handler, 404, b"not found")
+
+
 @dataclass
 class ControllerInbox:
     """The controller's side, as the controller runs it: a real ``InboxServer``; ``arrivals``
@@ -362,6 +386,13 @@ def gcp_metadata() -> Iterator[FakeGcpMetadata]:
 @pytest.fixture
 def azure_metadata() -> Iterator[FakeAzureImds]:
     fake = FakeAzureImds()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def acme_metadata() -> Iterator[FakeAcmeMetadata]:
+    fake = FakeAcmeMetadata()
     yield fake
     fake.close()
 
