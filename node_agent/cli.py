@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+URL_SHORTHANDS = ("aws", "gcp", "azure")
+"""The built-in watchers' ``--<name>-metadata-url``: shorthands for ``--metadata-url NAME=URL``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cloud",
         default="auto",
-        metavar="auto|none|WATCHER",
+        metavar="auto|none|NAME",
         help="which cloud's interruption notices to watch: an installed metadata watcher's name "
         "(aws, gcp, azure built in), none, or auto (default: probe every installed watcher's "
         "metadata server)",
@@ -83,20 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metadata-url",
         action="append",
         default=None,
-        metavar="WATCHER=URL",
+        metavar="NAME=URL",
         help="a watcher's metadata base URL, e.g. aws=http://127.0.0.1:8111 (repeatable; "
         "default: each watcher's own, the cloud's link-local address)",
     )
-    for cloud, default in (
-        ("aws", "http://169.254.169.254"),
-        ("gcp", "http://metadata.google.internal"),
-        ("azure", "http://169.254.169.254"),
-    ):
+    for cloud in URL_SHORTHANDS:
         parser.add_argument(
             f"--{cloud}-metadata-url",
             default=None,
             metavar="URL",
-            help=f"the same as --metadata-url {cloud}=URL (default {default})",
+            help=f"the same as --metadata-url {cloud}=URL",
         )
     parser.add_argument(
         "--aws-poll-seconds", type=float, default=5.0, help="IMDS poll period (AWS suggests 5)"

@@ -26,6 +26,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from autoscaler.model.errors import InputError, SourceError, describe
+from node_agent.cli import URL_SHORTHANDS
 from node_agent.forward import Delivery, Forwarder, load_token
 from node_agent.hooks import LocalHooks, parse_signal
 from node_agent.metadata import AgentNotice, NoticeMetrics, Watcher
@@ -84,7 +85,7 @@ def parse_metadata_urls(args: argparse.Namespace) -> dict[str, str]:
             raise InputError("--metadata-url", f"{name} is given twice")
         check_name(name, "--metadata-url")
         given[name] = url
-    for name in ("aws", "gcp", "azure"):
+    for name in URL_SHORTHANDS:
         url = getattr(args, f"{name}_metadata_url")
         if url is None:
             continue
