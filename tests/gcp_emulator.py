@@ -42,7 +42,8 @@ from contract_support import FAULT_KINDS, FLEET, Operation
 from autoscaler.model import Pool
 from autoscaler.model.clock import Clock
 from autoscaler.spi.provider import Provider
-from providers.gcp import GcpProvider, tags_from_labels
+from providers.gcp import GcpProvider
+from providers.gcp.instances import tags_from_labels
 
 PROJECT = "gpu-autoscaler-test"
 REGION = "us-central1"

@@ -27,8 +27,7 @@ PROVIDERS = ROOT / "providers"
 # boto3 service name -> IAM service prefix (where they differ, add them here)
 IAM_PREFIX = {"ec2": "ec2", "sqs": "sqs"}
 
-GCP_MODULES = ("gcp.py", "gcp_gang.py")
-# the provider's client accessor -> the method that makes its tuple of clients
+# the SDK adaptor's client accessor -> the method that makes its tuple of clients
 GCP_ACCESSORS = {"clients": "_make_clients", "placement_clients": "_make_placement_clients"}
 # Compute Engine client class -> permission collection
 GCP_COLLECTIONS = {
@@ -379,12 +378,12 @@ def aws_calls() -> Calls:
 
 def gcp_calls() -> Calls:
     """Permissions for every Compute Engine client method the GCP modules use (called directly
-    or handed to the provider's ``_call`` helper), on clients unpacked from one of the provider's
-    accessors (``self.clients()``, ``provider.placement_clients()``, ...)."""
-    trees = {name: _tree(name) for name in GCP_MODULES}
+    or handed to the SDK adaptor's ``call``), on clients unpacked from one of the adaptor's
+    accessors (``self.sdk.clients()``, ``ours.sdk.placement_clients()``, ...)."""
+    trees = {name: _tree(name) for name in cloud_modules("gcp")}
     makers = {maker: accessor for accessor, maker in GCP_ACCESSORS.items()}
     classes: dict[str, list[str]] = {}
-    for function in _functions(trees["gcp.py"]):
+    for function in _functions(trees["gcp/sdk.py"]):
         accessor = makers.get(function.name)
         if accessor is None:
             continue
@@ -397,7 +396,7 @@ def gcp_calls() -> Calls:
     calls = Calls()
     missing = sorted(set(GCP_ACCESSORS) - set(classes))
     if missing:
-        calls.unknown.append(f"providers/gcp.py: no tuple of clients for {', '.join(missing)}")
+        calls.unknown.append(f"providers/gcp/sdk.py: no tuple of clients for {', '.join(missing)}")
         return calls
     for module, tree in trees.items():
         for function in _functions(tree):

@@ -46,7 +46,9 @@ from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUES
 from providers.aws import AwsProvider
 from providers.aws.settings import PLACEMENT_GROUP_NAME
 from providers.azure import PPG_NAME, AzureProvider, core_tags
-from providers.gcp import RESOURCE_NAME, GcpProvider, tags_from_labels
+from providers.gcp import GcpProvider
+from providers.gcp.instances import tags_from_labels
+from providers.gcp.settings import RESOURCE_NAME
 from providers.placement import derived_name
 
 FLEET = "fleet-g"
@@ -661,7 +663,7 @@ def test_the_grant_check_reads_the_gang_modules() -> None:
     assert any(w.startswith("providers/aws/gang.py") for w in aws["ec2:DescribePlacementGroups"])
     assert any(w.startswith("providers/aws/gang.py") for w in aws["ec2:TerminateInstances"])
     gcp = gcp_calls().actions
-    assert any(w.startswith("providers/gcp_gang.py") for w in gcp["compute.instances.create"])
+    assert any(w.startswith("providers/gcp/gang.py") for w in gcp["compute.instances.create"])
     assert {
         "compute.resourcePolicies.get",
         "compute.resourcePolicies.create",

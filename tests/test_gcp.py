@@ -28,7 +28,8 @@ from autoscaler.model.errors import (
 )
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from autoscaler.tick.retry import RetryPolicy
-from providers.gcp import GcpProvider, instance_name, label_value, tag_value, tags_from_labels
+from providers.gcp import GcpProvider
+from providers.gcp.instances import instance_name, label_value, tag_value, tags_from_labels
 
 FLEET = "fleet-a"
 START = 1_700_000_000.0

@@ -26,7 +26,7 @@ from redis_server import RedisServer, free_port
 
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.azure import azure_tags
-from providers.gcp import labels_for
+from providers.gcp.instances import labels_for
 
 CLI = str(Path(sys.executable).parent / "gpu-autoscaler")
 FLEET = "plan"

@@ -37,17 +37,15 @@ from typing import Any
 from autoscaler.model import InstanceState, Pool
 from autoscaler.model.errors import CapacityError, InvalidRequest, ProviderError, TransientError
 from autoscaler.spi.provider import LaunchResult
-from providers.gcp import (
+from providers.gcp.errors import operation_error, typed
+from providers.gcp.instances import (
     STATES,
-    GcpProvider,
-    _is_conflict,
-    _is_not_found,
+    GcpInstances,
     instance_name,
-    operation_error,
     request_uuid,
-    typed,
     wait_done,
 )
+from providers.gcp.sdk import is_conflict, is_not_found
 from providers.placement import KnownGroups, PlacementOption
 
 log = logging.getLogger(__name__)
@@ -58,22 +56,22 @@ LIVE = frozenset({InstanceState.PENDING, InstanceState.RUNNING})
 
 
 class GcpGangs:
-    """``launch_gang`` for one ``GcpProvider`` (it owns the clients, options and waits)."""
+    """``launch_gang`` for one provider's VMs (they own the clients, options and waits)."""
 
-    def __init__(self, provider: GcpProvider) -> None:
-        self.provider = provider
+    def __init__(self, instances: GcpInstances) -> None:
+        self.instances = instances
         self._policies = KnownGroups()  # pool -> a placement policy known to exist
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
-        provider = self.provider
-        now = provider.clock.now()
+        ours = self.instances
+        now = ours.clock.now()
         listed = [
             (zone, raw)
-            for zone in provider.zones[pool.name]
-            for raw in provider._zone_list(zone, request_id, pool.name)
+            for zone in ours.zones[pool.name]
+            for raw in ours.zone_list(zone, request_id, pool.name)
         ]
         alive = [
-            provider._instance(raw, zone, now)
+            ours.instance(raw, zone, now)
             for zone, raw in listed
             if STATES.get(str(raw.status), InstanceState.PENDING) in LIVE
         ]
@@ -88,18 +86,18 @@ class GcpGangs:
                 code=INCOMPLETE,
             )
         policy = self.policy(pool)
-        labels = provider._labels(pool, request_id, now)
-        deadline = time.monotonic() + provider.settings.operation_timeout_s
+        labels = ours.labels(pool, request_id, now)
+        deadline = time.monotonic() + ours.settings.operation_timeout_s
         refused: ProviderError | None = None
-        for position, zone in enumerate(provider.zones[pool.name]):
+        for position, zone in enumerate(ours.zones[pool.name]):
             names = [
-                instance_name(provider.fleet_id, request_id, position * count + index)
+                instance_name(ours.fleet_id, request_id, position * count + index)
                 for index in range(count)
             ]
             error = self._bulk_insert(pool, zone, names, labels, policy, request_id, deadline)
             if error is None:
                 placed = [(name, zone) for name in names]
-                return LaunchResult(tuple(provider._launched(pool, placed, request_id, now)))
+                return LaunchResult(tuple(ours.launched(pool, placed, request_id, now)))
             if not isinstance(error, CapacityError):
                 raise error
             refused = error
@@ -118,86 +116,82 @@ class GcpGangs:
         """One all-or-nothing bulk insert in one zone: None when the gang is made (or being
         made), else the typed error, with whatever the failed insert left in the zone deleted.
         An error answering the request itself is raised unless it is a full zone."""
-        from google.cloud import compute_v1
-
-        provider = self.provider
-        instances, _ = provider.clients()
-        resource = compute_v1.BulkInsertInstanceResource(
-            count=len(names),
-            min_count=len(names),
-            per_instance_properties={
-                name: compute_v1.BulkInsertInstanceResourcePerInstanceProperties() for name in names
-            },
-            instance_properties=self._properties(pool, zone, labels, policy),
-        )
+        ours = self.instances
+        instances, _ = ours.sdk.clients()
+        resource = {
+            "count": len(names),
+            "min_count": len(names),
+            "per_instance_properties": {name: {} for name in names},
+            "instance_properties": self._properties(pool, zone, labels, policy),
+        }
         request = {
-            "project": provider.settings.project,
+            "project": ours.settings.project,
             "zone": zone,
-            "request_id": request_uuid(provider.fleet_id, request_id, "gang", zone),
+            "request_id": request_uuid(ours.fleet_id, request_id, "gang", zone),
             "bulk_insert_instance_resource_resource": resource,
         }
         try:
-            operation = provider._call(instances.bulk_insert_unary, request)
+            operation = ours.sdk.call(instances.bulk_insert_unary, request)
         except Exception as exc:
             error = typed(exc, pool.name)
             if isinstance(error, CapacityError):
                 return error
             raise error from None
-        done = provider._wait(zone, str(operation.name), deadline)
+        done = ours.wait(zone, str(operation.name), deadline)
         if done is None:
             log.warning("%s: bulk insert of a gang in %s not seen done", pool.name, zone)
             return None
         failed = operation_error(done, pool.name)
         if failed is None:
             return None
-        left = [str(raw.name) for raw in provider._zone_list(zone, request_id, pool.name)]
+        left = [str(raw.name) for raw in ours.zone_list(zone, request_id, pool.name)]
         self._delete(pool, request_id, [(zone, name) for name in left])
         return failed
 
-    def _properties(self, pool: Pool, zone: str, labels: dict[str, str], policy: str | None) -> Any:
+    def _properties(
+        self, pool: Pool, zone: str, labels: dict[str, str], policy: str | None
+    ) -> dict[str, Any]:
         """The VMs' properties: those of an ordinary launch's VM, with the short names a bulk
         insert takes (machine and accelerator types, resource policies)."""
-        from google.cloud import compute_v1
-
-        vm = self.provider._resource(pool, "gang", zone, labels)
-        properties = compute_v1.InstanceProperties(
-            machine_type=pool.instance_type,
-            labels=vm.labels,
-            scheduling=vm.scheduling,
-            disks=vm.disks,
-            network_interfaces=vm.network_interfaces,
-        )
-        for accelerator in vm.guest_accelerators:
-            properties.guest_accelerators.append(
-                compute_v1.AcceleratorConfig(
-                    accelerator_type=str(accelerator.accelerator_type).rsplit("/", 1)[-1],
-                    accelerator_count=accelerator.accelerator_count,
-                )
-            )
+        vm = self.instances.resource(pool, "gang", zone, labels)
+        properties: dict[str, Any] = {
+            "machine_type": pool.instance_type,
+            "labels": vm["labels"],
+            "scheduling": vm["scheduling"],
+            "disks": vm["disks"],
+            "network_interfaces": vm["network_interfaces"],
+        }
+        accelerators = [
+            {
+                "accelerator_type": str(accelerator["accelerator_type"]).rsplit("/", 1)[-1],
+                "accelerator_count": accelerator["accelerator_count"],
+            }
+            for accelerator in vm.get("guest_accelerators", [])
+        ]
+        if accelerators:
+            properties["guest_accelerators"] = accelerators
         if policy is not None:
-            properties.resource_policies = [policy]
+            properties["resource_policies"] = [policy]
         return properties
 
     def _delete(self, pool: Pool, request_id: str, vms: Sequence[tuple[str, str]]) -> None:
         """Delete a gang's VMs by name (gone already is fine). Every deletion is tried and the
         first failure raised: the controller's retry of the same request finds what is left
         and deletes it then."""
-        provider = self.provider
-        instances, _ = provider.clients()
+        ours = self.instances
+        instances, _ = ours.sdk.clients()
         failure: ProviderError | None = None
         for zone, name in vms:
             request = {
-                "project": provider.settings.project,
+                "project": ours.settings.project,
                 "zone": zone,
                 "instance": name,
-                "request_id": request_uuid(
-                    provider.fleet_id, request_id, "gang-delete", zone, name
-                ),
+                "request_id": request_uuid(ours.fleet_id, request_id, "gang-delete", zone, name),
             }
             try:
-                provider._call(instances.delete, request)
+                ours.sdk.call(instances.delete, request)
             except Exception as exc:
-                if not _is_not_found(exc) and failure is None:
+                if not is_not_found(exc) and failure is None:
                     failure = typed(exc, pool.name)
         if failure is not None:
             log.warning("%s: deleting gang VMs failed: %s", pool.name, failure)
@@ -209,19 +203,19 @@ class GcpGangs:
 
     def policy(self, pool: Pool) -> str | None:
         """The pool's compact placement policy, looked up (and made, if asked) once."""
-        provider = self.provider
-        option = provider.options[pool.name].placement_policy
-        return self._policies.get(option, provider.fleet_id, pool.name, partial(self._find, pool))
+        ours = self.instances
+        option = ours.options[pool.name].placement_policy
+        return self._policies.get(option, ours.fleet_id, pool.name, partial(self._find, pool))
 
     def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
         """The policy's name once it is known to exist (made if missing and asked to be)."""
-        provider = self.provider
-        policies, _ = provider.placement_clients()
-        request = {"project": provider.settings.project, "region": pool.region}
+        ours = self.instances
+        policies, _ = ours.sdk.placement_clients()
+        request = {"project": ours.settings.project, "region": pool.region}
         try:
-            provider._call(policies.get, {**request, "resource_policy": name})
+            ours.sdk.call(policies.get, {**request, "resource_policy": name})
         except Exception as exc:
-            if not _is_not_found(exc):
+            if not is_not_found(exc):
                 raise typed(exc, pool.name) from None
             if not option.create:
                 raise InvalidRequest(
@@ -235,34 +229,30 @@ class GcpGangs:
 
     def _create(self, pool: Pool, name: str) -> None:
         """A compact placement policy for the pool. Another replica making it first is fine."""
-        from google.cloud import compute_v1
-
-        provider = self.provider
-        policies, _ = provider.placement_clients()
-        resource = compute_v1.ResourcePolicy(
-            name=name,
-            region=pool.region,
-            description=(
-                f"gpu-autoscaler fleet {provider.fleet_id}, pool {pool.name}: multi-node jobs' "
+        ours = self.instances
+        policies, _ = ours.sdk.placement_clients()
+        resource = {
+            "name": name,
+            "region": pool.region,
+            "description": (
+                f"gpu-autoscaler fleet {ours.fleet_id}, pool {pool.name}: multi-node jobs' "
                 "VMs placed close together"
             ),
-            group_placement_policy=compute_v1.ResourcePolicyGroupPlacementPolicy(
-                collocation="COLLOCATED"
-            ),
-        )
+            "group_placement_policy": {"collocation": "COLLOCATED"},
+        }
         request = {
-            "project": provider.settings.project,
+            "project": ours.settings.project,
             "region": pool.region,
-            "request_id": request_uuid(provider.fleet_id, "placement", pool.region, name),
+            "request_id": request_uuid(ours.fleet_id, "placement", pool.region, name),
             "resource_policy_resource": resource,
         }
         try:
-            operation = provider._call(policies.insert_unary, request)
+            operation = ours.sdk.call(policies.insert_unary, request)
         except Exception as exc:
-            if _is_conflict(exc):
+            if is_conflict(exc):
                 return
             raise typed(exc, pool.name) from None
-        deadline = time.monotonic() + provider.settings.operation_timeout_s
+        deadline = time.monotonic() + ours.settings.operation_timeout_s
         done = self._wait_region(pool.region, str(operation.name), deadline)
         if done is None:
             raise TransientError(
@@ -275,9 +265,7 @@ class GcpGangs:
 
     def _wait_region(self, region: str, operation: str, deadline: float) -> Any:
         """A region operation once ``DONE``, or None (see ``wait_done``)."""
-        provider = self.provider
-        _, region_operations = provider.placement_clients()
-        request = {"project": provider.settings.project, "region": region, "operation": operation}
-        return wait_done(
-            region_operations.wait, request, deadline, provider.settings.request_timeout_s
-        )
+        ours = self.instances
+        _, region_operations = ours.sdk.placement_clients()
+        request = {"project": ours.settings.project, "region": region, "operation": operation}
+        return wait_done(region_operations.wait, request, deadline, ours.settings.request_timeout_s)
