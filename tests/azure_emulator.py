@@ -53,7 +53,8 @@ from contract_support import FAULT_KINDS, FLEET, Operation
 from autoscaler.model import Pool
 from autoscaler.model.clock import Clock
 from autoscaler.spi.provider import REQUEST_TAG, Provider
-from providers.azure import TAG_KEYS, AzureProvider, core_tags
+from providers.azure import AzureProvider
+from providers.azure.instances import TAG_KEYS, core_tags
 
 SUBSCRIPTION = "8a5d3c1e-0000-4000-8000-00000000a2e0"
 RESOURCE_GROUP = "gpu-fleet"

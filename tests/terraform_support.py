@@ -39,7 +39,6 @@ GCP_COLLECTIONS = {
 # method -> permission verb where the name does not convert by case
 GCP_VERBS = {"insert": "create", "bulk_insert": "create", "aggregated_list": "list", "wait": "get"}
 
-AZURE_MODULES = ("azure.py", "azure_gang.py")
 # ComputeManagementClient operation group -> ARM resource type
 AZURE_COLLECTIONS = {
     "virtual_machines": "Microsoft.Compute/virtualMachines",
@@ -451,8 +450,8 @@ def _made_client(node: ast.AST, function: ast.FunctionDef) -> str | None:
 
 def azure_calls() -> Calls:
     """ARM actions for every ComputeManagementClient operation the Azure modules call, through
-    ``<provider>.client().<group>.<method>`` or a name bound to ``<provider>.client().<group>``
-    (the provider is ``self`` in providers/azure.py, ``self.provider`` beside it)."""
+    ``<owner>.client().<group>.<method>`` or a name bound to ``<owner>.client().<group>`` (the
+    owner is the SDK adaptor, ``self.sdk`` or ``vms.sdk``, or the provider)."""
     calls = Calls()
 
     def group_of(node: ast.AST, local: Mapping[str, str]) -> str | None:
@@ -468,7 +467,7 @@ def azure_calls() -> Calls:
             return node.attr
         return None
 
-    for module in AZURE_MODULES:
+    for module in cloud_modules("azure"):
         for function in _functions(_tree(module)):
             local: dict[str, str] = {}
             for node in ast.walk(function):

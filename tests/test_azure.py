@@ -41,14 +41,10 @@ from autoscaler.model.errors import (
     TransientError,
 )
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
-from providers.azure import (
-    EMULATOR_TOKEN,
-    AzureProvider,
-    azure_tags,
-    core_tags,
-    typed,
-    vm_name,
-)
+from providers.azure import AzureProvider
+from providers.azure.errors import typed
+from providers.azure.instances import azure_tags, core_tags, vm_name
+from providers.azure.sdk import EMULATOR_TOKEN
 
 FLEET = "fleet-a"
 T4 = "Standard_NC4as_T4_v3"

@@ -45,7 +45,9 @@ from autoscaler.model.errors import (
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, GangLauncher
 from providers.aws import AwsProvider
 from providers.aws.settings import PLACEMENT_GROUP_NAME
-from providers.azure import PPG_NAME, AzureProvider, core_tags
+from providers.azure import AzureProvider
+from providers.azure.instances import core_tags
+from providers.azure.settings import PPG_NAME
 from providers.gcp import GcpProvider
 from providers.gcp.instances import tags_from_labels
 from providers.gcp.settings import RESOURCE_NAME

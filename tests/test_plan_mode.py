@@ -25,7 +25,7 @@ from recording_proxy import RecordingProxy
 from redis_server import RedisServer, free_port
 
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
-from providers.azure import azure_tags
+from providers.azure.instances import azure_tags
 from providers.gcp.instances import labels_for
 
 CLI = str(Path(sys.executable).parent / "gpu-autoscaler")

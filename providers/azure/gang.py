@@ -32,17 +32,17 @@ from typing import Any
 from autoscaler.model import InstanceState, Pool
 from autoscaler.model.errors import CapacityError, InvalidRequest
 from autoscaler.spi.provider import FLEET_TAG, POOL_TAG, REQUEST_TAG, LaunchResult
-from providers.azure import (
+from providers.azure.errors import telling, typed
+from providers.azure.instances import (
     FAILED_STATES,
     STATES,
-    AzureProvider,
-    _free_names,
-    _parallel,
-    _provisioning,
-    _telling,
+    AzureInstances,
     azure_tags,
-    typed,
+    free_names,
+    parallel,
+    provisioning,
 )
+from providers.azure.sdk import is_not_found
 from providers.placement import KnownGroups, PlacementOption
 
 log = logging.getLogger(__name__)
@@ -51,24 +51,24 @@ INCOMPLETE = "GangIncomplete"
 
 
 class AzureGangs:
-    """``launch_gang`` for one ``AzureProvider`` (it owns the client, options and bodies)."""
+    """``launch_gang`` for one provider's VMs (they own the client, options and bodies)."""
 
-    def __init__(self, provider: AzureProvider) -> None:
-        self.provider = provider
+    def __init__(self, instances: AzureInstances) -> None:
+        self.instances = instances
         self._groups = KnownGroups()  # pool -> the id of a group known to exist
 
     def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
-        provider = self.provider
-        ours = provider._ours()
+        vms = self.instances
+        ours = vms.ours()
         members = [
             (vm, tags)
             for vm, tags in ours
-            if tags.get(REQUEST_TAG) == request_id and _provisioning(vm) != "deleting"
+            if tags.get(REQUEST_TAG) == request_id and provisioning(vm) != "deleting"
         ]
         alive = [
-            provider._instance(vm, tags, STATES.get(_provisioning(vm), InstanceState.PENDING))
+            vms.instance(vm, tags, STATES.get(provisioning(vm), InstanceState.PENDING))
             for vm, tags in members
-            if _provisioning(vm) not in FAILED_STATES
+            if provisioning(vm) not in FAILED_STATES
         ]
         if len(alive) == count == len(members):
             return LaunchResult(tuple(alive), already_existed=True)
@@ -81,12 +81,12 @@ class AzureGangs:
                 code=INCOMPLETE,
             )
         group = self.group(pool)
-        now = provider.clock.now()
-        tags = provider._tags(pool, request_id, now)
-        names = _free_names(provider.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
+        now = vms.clock.now()
+        tags = vms.tags(pool, request_id, now)
+        names = free_names(vms.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         bodies = {name: self._body(pool, name, tags, group) for name in names}
-        created = provider._create_vms(pool, names, bodies.__getitem__, request_id, now)
-        failure = _telling(created.failures)
+        created = vms.create_vms(pool, names, bodies.__getitem__, request_id, now)
+        failure = telling(created.failures)
         if failure is not None:
             self._roll_back(pool, names)
             raise failure
@@ -95,7 +95,7 @@ class AzureGangs:
     def _body(
         self, pool: Pool, name: str, tags: dict[str, str], group: str | None
     ) -> dict[str, Any]:
-        body = self.provider._body(pool, name, tags)
+        body = self.instances.body(pool, name, tags)
         if group is not None:
             body["properties"]["proximityPlacementGroup"] = {"id": group}
         return body
@@ -103,7 +103,7 @@ class AzureGangs:
     def _roll_back(self, pool: Pool, names: Sequence[str]) -> None:
         """Delete a gang's VMs (one never made is fine). Failing raises the typed error: the
         controller's retry of the same request finds what is left and deletes it then."""
-        outcomes = _parallel(self.provider._delete, list(names))
+        outcomes = parallel(self.instances.delete, list(names))
         errors = [typed(o, pool.name) for o in outcomes if isinstance(o, BaseException)]
         if errors:
             log.warning("%s: deleting gang VMs failed: %s", pool.name, errors[0])
@@ -114,20 +114,20 @@ class AzureGangs:
 
     def group(self, pool: Pool) -> str | None:
         """The id of the pool's proximity placement group, read (and made) once."""
-        provider = self.provider
-        option = provider.options[pool.name].proximity_placement_group
-        return self._groups.get(option, provider.fleet_id, pool.name, partial(self._find, pool))
+        vms = self.instances
+        option = vms.options[pool.name].proximity_placement_group
+        return self._groups.get(option, vms.fleet_id, pool.name, partial(self._find, pool))
 
     def _find(self, pool: Pool, option: PlacementOption, name: str) -> str:
         """The group's id once it is known to exist in the pool's region (made if missing and
         asked to be)."""
-        from azure.core.exceptions import ResourceNotFoundError
-
-        provider = self.provider
-        resource_group = provider.settings.resource_group
+        vms = self.instances
+        resource_group = vms.settings.resource_group
         try:
-            found = provider.client().proximity_placement_groups.get(resource_group, name)
-        except ResourceNotFoundError:
+            found = vms.sdk.client().proximity_placement_groups.get(resource_group, name)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise typed(exc, pool.name) from None
             if not option.create:
                 raise InvalidRequest(
                     f"{pool.name}: proximity placement group {name!r} does not exist in "
@@ -137,8 +137,6 @@ class AzureGangs:
                     code="ResourceNotFound",
                 ) from None
             found = self._create(pool, name)
-        except Exception as exc:
-            raise typed(exc, pool.name) from None
         location = str(found.location or "").replace(" ", "").lower()
         if location != pool.region.replace(" ", "").lower():
             raise InvalidRequest(
@@ -150,10 +148,10 @@ class AzureGangs:
         return str(found.id)
 
     def _create(self, pool: Pool, name: str) -> Any:
-        provider = self.provider
+        vms = self.instances
         body: dict[str, Any] = {
             "location": pool.region,
-            "tags": azure_tags({FLEET_TAG: provider.fleet_id, POOL_TAG: pool.name}),
+            "tags": azure_tags({FLEET_TAG: vms.fleet_id, POOL_TAG: pool.name}),
             "properties": {"proximityPlacementGroupType": "Standard"},
         }
         if pool.zone:
@@ -162,8 +160,8 @@ class AzureGangs:
             body["zones"] = [pool.zone.rsplit("-", 1)[-1]]
             body["properties"]["intent"] = {"vmSizes": [pool.instance_type]}
         try:
-            made = provider.client().proximity_placement_groups.create_or_update(
-                provider.settings.resource_group, name, body
+            made = vms.sdk.client().proximity_placement_groups.create_or_update(
+                vms.settings.resource_group, name, body
             )
         except Exception as exc:
             raise typed(exc, pool.name) from None

@@ -1,0 +1,110 @@
+"""``providers.azure`` and an Azure pool's ``options`` in the controller config, checked with
+the config.
+
+Credentials are never settings: they come from ``DefaultAzureCredential`` (environment, workload
+or managed identity, Azure CLI).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from providers.placement import PlacementOption
+
+RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
+IMAGE_URN = re.compile(r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$")
+PPG_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,78}[A-Za-z0-9_])?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value.rstrip("/") if value is not None else None
+
+
+class AzureSettings(_Strict):
+    """``providers.azure`` in the controller config."""
+
+    subscription_id: str = Field(min_length=1)
+    resource_group: str = Field(min_length=1, description="where the fleet's VMs live")
+    endpoint: str | None = Field(
+        None, description="an ARM emulator's base URL, for tests: a fixed test token is sent"
+    )
+    retail_prices_url: str | None = Field(
+        RETAIL_PRICES_URL, description="the Retail Prices API; null to price from the catalog only"
+    )
+    price_ttl_s: float = Field(600.0, ge=0)
+    price_catalog: str | None = Field(None, description="a SkyPilot-format price catalog CSV")
+    polling_interval_s: float = Field(2.0, ge=0, description="between polls of an operation")
+    operation_timeout_s: float = Field(15.0, ge=0, description="how long a launch waits on creates")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(30.0, gt=0)
+
+    _urls = field_validator("endpoint", "retail_prices_url")(_http_url)
+
+
+class AzurePoolOptions(_Strict):
+    """``options`` of an Azure pool."""
+
+    image: str = Field(
+        description="an image URN Publisher:Offer:Sku:Version, or an image or gallery image id"
+    )
+    subnet_id: str
+    admin_username: str = Field("azureuser", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    ssh_public_key: str = Field(min_length=1)
+    max_price: float = Field(-1.0, description="$/h cap for spot; -1 pays up to on-demand")
+    os_disk_size_gb: int | None = Field(None, ge=1, le=4095)
+    custom_data: str | None = Field(None, description="cloud-init for the node to join the fleet")
+    proximity_placement_group: PlacementOption | None = Field(
+        None,
+        description="the proximity placement group (in the fleet's resource group) a gang is "
+        "launched into: {name: X} (existing), {create: true} (made for the pool) or both",
+    )
+
+    @field_validator("proximity_placement_group")
+    @classmethod
+    def _group_name(cls, value: PlacementOption | None) -> PlacementOption | None:
+        name = value.name if value is not None else None
+        if name is not None and not PPG_NAME.match(name):
+            raise ValueError(
+                "name: expected 1 to 80 letters, digits, '.', '_' or '-', starting with a letter "
+                "or digit and ending with a letter, digit or '_'"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not (value.startswith("/") or IMAGE_URN.match(value)):
+            raise ValueError("expected Publisher:Offer:Sku:Version or an image resource id")
+        return value
+
+    @field_validator("subnet_id")
+    @classmethod
+    def _subnet(cls, value: str) -> str:
+        if not (value.lower().startswith("/subscriptions/") and "/subnets/" in value.lower()):
+            raise ValueError("expected a subnet resource id (/subscriptions/.../subnets/NAME)")
+        return value
+
+    @field_validator("max_price")
+    @classmethod
+    def _max_price(cls, value: float) -> float:
+        if value != -1 and value <= 0:
+            raise ValueError("expected -1 (pay up to on-demand) or a price above 0")
+        return value
+
+    def image_reference(self) -> dict[str, str]:
+        if self.image.startswith("/"):
+            key = {
+                "/communitygalleries/": "communityGalleryImageId",
+                "/sharedgalleries/": "sharedGalleryImageId",
+            }.get(self.image.lower()[: self.image.find("/", 1) + 1], "id")
+            return {key: self.image}
+        publisher, offer, sku, version = self.image.split(":")
+        return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
