@@ -72,6 +72,43 @@ class Metrics:
             ["pool", "state"],
             registry=r,
         )
+        # on-prem nodes, per node (the fleet bounds the names; a node gone loses its series)
+        self.onprem_allocated = Gauge(
+            "gpu_autoscaler_onprem_node_allocated_gpus",
+            "GPUs the scheduler has allocated on the on-prem node",
+            ["node"],
+            registry=r,
+        )
+        self.onprem_utilisation = Gauge(
+            "gpu_autoscaler_onprem_node_gpu_utilisation_ratio",
+            "Measured GPU utilisation of the on-prem node (0 to 1, mean over telemetry.window_s);"
+            " no series while unmeasured",
+            ["node"],
+            registry=r,
+        )
+        self.onprem_node_idle_allocated = Gauge(
+            "gpu_autoscaler_onprem_node_idle_allocated_gpus",
+            "GPUs allocated on the on-prem node while every GPU on it reads idle "
+            "(below telemetry.idle_util_pct); no series while unmeasured",
+            ["node"],
+            registry=r,
+        )
+        self.onprem_idle_allocated = Gauge(
+            "gpu_autoscaler_onprem_idle_allocated_gpus",
+            "On-prem GPUs allocated on nodes that read idle, over the measured nodes "
+            "(NaN when no node is measured or the node source failed)",
+            registry=r,
+        )
+        self.onprem_idle_allocated_seconds = Counter(
+            "gpu_autoscaler_onprem_idle_allocated_gpu_seconds",
+            "GPU-seconds on-prem GPUs were allocated on nodes that read idle, tick to tick",
+            registry=r,
+        )
+        self.onprem_unmeasured = Gauge(
+            "gpu_autoscaler_onprem_unmeasured_nodes",
+            "On-prem nodes with no current utilisation reading (never counted as idle)",
+            registry=r,
+        )
         # money
         self.cost_per_hour = Gauge(
             "gpu_autoscaler_cost_per_hour_dollars",

@@ -1,14 +1,22 @@
 """What a tick did, as Prometheus series: the controller hands each tick's observation and report
 here, and this keeps the little memory the series need between ticks (the checkpoint reports
-already counted, the pool and state pairs last set)."""
+already counted, the pool and state pairs last set, the on-prem nodes with series and when the
+last tick was)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.model import LIVE_STATES, InstanceState, Pool
 from autoscaler.ops.metrics import Metrics
+from autoscaler.ops.onprem_idle import (
+    idle_allocated_gpus,
+    idle_gpu_seconds,
+    nodes_unknown,
+    onprem_idle,
+)
 
 if TYPE_CHECKING:
     from autoscaler.model.records import TickReport
@@ -25,6 +33,12 @@ class TickMetrics:
         self.pools = tuple(pools)
         self._checkpoint_reports = checkpoint_reports
         self._counted_states: set[tuple[str, InstanceState]] = set()
+        # per on-prem node with series: (allocated, utilisation %, idle allocated), the last two
+        # None while unmeasured
+        self._onprem_shown: dict[str, tuple[int, float | None, int | None]] = {}
+        # and its series: allocated, utilisation, idle allocated (None while unmeasured)
+        self._onprem_series: dict[str, list[Any]] = {}
+        self._last_at: float | None = None
 
     def record(
         self, observation: Observation, report: TickReport, checkpoint_reports: int, token: int
@@ -44,6 +58,7 @@ class TickMetrics:
         for item in report.unhostable:
             metrics.unhostable_jobs.labels(item.label).set(item.jobs)
         self._record_pools(report)
+        self._record_onprem(report)
         for action in report.actions:
             metrics.actions.labels(action.kind, action.outcome).inc()
             if action.kind == "interruption" and action.outcome == "ok" and action.pool:
@@ -112,3 +127,62 @@ class TickMetrics:
             metrics.instances.labels(gone_pool, gone_state.value).set(0)
         self._counted_states = counted
         metrics.supply_gpus.labels("on-prem").set(sum(n.gpus for n in view.onprem))
+
+    def _record_onprem(self, report: TickReport) -> None:
+        """Per on-prem node: GPUs allocated, measured utilisation and GPUs allocated while the
+        node reads idle. An unmeasured node has no utilisation or idle series (unknown is not
+        idle); a node the scheduler no longer lists, or every node while the node source
+        fails, loses its series, so the names stay those of the fleet. A series is set only
+        when its value changed, through the series object kept per node: a fleet is thousands
+        of nodes, and looking up labels is most of the cost."""
+        metrics = self.metrics
+        view = report.view
+        failed = nodes_unknown(report.failing_sources)
+        before = self._onprem_shown
+        series = self._onprem_series
+        shown: dict[str, tuple[int, float | None, int | None]] = {}
+        for node in () if failed else view.onprem:
+            name = node.name
+            idle = idle_allocated_gpus(node)
+            util = node.gpu_util_pct if idle is not None else None
+            value = (node.gpus_allocated, util, idle)
+            shown[name] = value
+            old = before.get(name)
+            if old == value:
+                continue
+            found = series.get(name)
+            if found is None:
+                found = series[name] = [metrics.onprem_allocated.labels(name), None, None]
+            if old is None or old[0] != value[0]:
+                found[0].set(node.gpus_allocated)
+            if util is not None and idle is not None:
+                fresh = found[1] is None or found[2] is None
+                if fresh:
+                    found[1] = metrics.onprem_utilisation.labels(name)
+                    found[2] = metrics.onprem_node_idle_allocated.labels(name)
+                if fresh or old is None or old[1] != util:
+                    found[1].set(util / 100.0)
+                if fresh or old is None or old[2] != idle:
+                    found[2].set(idle)
+            elif found[1] is not None:
+                metrics.onprem_utilisation.remove(name)
+                metrics.onprem_node_idle_allocated.remove(name)
+                found[1] = found[2] = None
+        for name in [n for n in series if n not in shown]:
+            found = series.pop(name)
+            metrics.onprem_allocated.remove(name)
+            if found[1] is not None:
+                metrics.onprem_utilisation.remove(name)
+                metrics.onprem_node_idle_allocated.remove(name)
+        self._onprem_shown = shown
+        unmeasured = sum(1 for value in shown.values() if value[2] is None)
+        metrics.onprem_unmeasured.set(math.nan if failed else unmeasured)
+        idle_nodes = onprem_idle(view.onprem, report.failing_sources)
+        if idle_nodes is None:
+            metrics.onprem_idle_allocated.set(math.nan)
+        else:
+            metrics.onprem_idle_allocated.set(sum(n.gpus for n in idle_nodes))
+            metrics.onprem_idle_allocated_seconds.inc(
+                sum(idle_gpu_seconds(n, report.now, self._last_at) for n in idle_nodes)
+            )
+        self._last_at = report.now
