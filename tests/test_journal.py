@@ -17,7 +17,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.model import InstanceState
-from autoscaler.ops.journal.base import Billed, TickEntry, month_of, open_postgres, open_sqlite
+from autoscaler.ops.journal.base import (
+    Billed,
+    Journal,
+    TickEntry,
+    month_of,
+    open_postgres,
+    open_sqlite,
+)
+from autoscaler.ops.journal.schema import SCHEMA_VERSION
+from autoscaler.ops.onprem_idle import IdleNode
+from autoscaler.report.journal import read_journal
 
 HOUR = 3600.0
 
@@ -209,3 +219,180 @@ def test_replicas_opening_a_fresh_postgres_journal_at_once_all_succeed(postgres_
     journal = open_postgres(postgres_dsn)
     journal.call_started("r-1", "launch", "aws", "a", 1, 1, "x", 1.0)
     assert [c.request_id for c in journal.calls()] == ["r-1"]
+
+
+# -- on-prem GPUs allocated on nodes that read idle ------------------------------------------
+
+DAY0 = 1_717_200_000.0  # 2024-06-01T00:00:00Z
+
+
+def _idle_entry(number: int, at: float, idle: tuple[IdleNode, ...] | None) -> TickEntry:
+    return TickEntry("inc", number, 1, at, 0.01, "ok", None, True, 0, 0, 0.0, {}, [], idle)
+
+
+def test_onprem_idle_gpu_seconds_are_counted_since_the_previous_tick_per_node(
+    tmp_path: Path,
+) -> None:
+    journal = open_sqlite(tmp_path / "j.db")
+    t = DAY0 + 3600
+    journal.record_tick(_idle_entry(0, t, (IdleNode("n1", 4, t - 500),)), [], [])
+    # n1 idle for long, n2 for the last 20 s of the 60 s since the previous tick
+    journal.record_tick(
+        _idle_entry(1, t + 60, (IdleNode("n1", 4, t - 500), IdleNode("n2", 8, t + 40))), [], []
+    )
+    journal.record_tick(_idle_entry(2, t + 120, None), [], [])  # the node source failed
+    journal.record_tick(_idle_entry(3, t + 180, ()), [], [])  # measured, nothing idle
+    ticks = journal.ticks()
+    assert [x.onprem_idle_gpu_s for x in ticks] == [0.0, 4 * 60 + 8 * 20, None, 0.0], (
+        "the first tick has no interval behind it; a tick that could not know is unknown"
+    )
+    spans = {s.node: s for s in journal.onprem_idle()}
+    assert spans["n1"].gpu_s == 240 and spans["n2"].gpu_s == 160
+    assert (spans["n2"].first_at, spans["n2"].last_at) == (t + 40, t + 60)
+    assert spans["n1"].day == "2024-06-01"
+    assert journal.onprem_idle(since=t + 61) == [], "a period after the spans holds none"
+    journal.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(1.0, 4 * HOUR),
+            st.one_of(
+                st.none(),
+                st.dictionaries(
+                    st.sampled_from(["n1", "n2", "n3"]),
+                    st.tuples(st.integers(1, 8), st.floats(0.0, 8 * HOUR)),
+                ),
+            ),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_onprem_idle_per_tick_and_per_node_sum_to_the_same_gpu_seconds(
+    steps: list[tuple[float, dict[str, tuple[int, float]] | None]],
+) -> None:
+    """Whatever the tick spacing, each tick counts each idle node's GPUs over the part of the
+    interval since the previous tick it has read idle; the per-node sums add up to the ticks'."""
+    journal = open_sqlite(Path(":memory:"))
+    now, previous = DAY0, None
+    expected: list[float | None] = []
+    for number, (gap, idle) in enumerate(steps):
+        now += gap
+        nodes = (
+            None
+            if idle is None
+            else tuple(IdleNode(n, gpus, now - ago) for n, (gpus, ago) in sorted(idle.items()))
+        )
+        if nodes is None:
+            expected.append(None)
+        else:
+            expected.append(
+                sum(
+                    0.0 if previous is None else n.gpus * (now - max(n.idle_since, previous))
+                    for n in nodes
+                )
+            )
+        journal.record_tick(_idle_entry(number, now, nodes), [], [])
+        previous = now
+    got = [x.onprem_idle_gpu_s for x in journal.ticks()]
+    assert [g is None for g in got] == [e is None for e in expected], "unknown stays unknown"
+    for counted, wanted in zip(got, expected, strict=True):
+        if wanted is not None:
+            assert counted == pytest.approx(wanted, rel=1e-9, abs=1e-6)
+    by_ticks = sum(x or 0.0 for x in got)
+    by_nodes = sum(s.gpu_s for s in journal.onprem_idle())
+    assert by_nodes == pytest.approx(by_ticks, rel=1e-9, abs=1e-6)
+    assert all(s.first_at <= s.last_at for s in journal.onprem_idle())
+
+
+# What version 1 of gpu-autoscaler created, and a tick and a cost as it wrote them: the journal
+# an upgraded controller finds on disk.
+SCHEMA_V1 = (
+    "CREATE TABLE journal_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE ticks (id {id}, incarnation TEXT NOT NULL, tick BIGINT NOT NULL, "
+    "token BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL, duration_s DOUBLE PRECISION NOT NULL, "
+    "outcome TEXT NOT NULL, held TEXT, demand_known BOOLEAN NOT NULL, "
+    "pending_gpus BIGINT NOT NULL, instances BIGINT NOT NULL, "
+    "cost_per_hour DOUBLE PRECISION NOT NULL, plan TEXT NOT NULL, clamps TEXT NOT NULL)",
+    "CREATE TABLE actions (id {id}, incarnation TEXT NOT NULL, tick BIGINT NOT NULL, "
+    "token BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL, pool TEXT, "
+    "requested BIGINT NOT NULL, done BIGINT NOT NULL, outcome TEXT NOT NULL, "
+    "detail TEXT NOT NULL, request_id TEXT, instance_ids TEXT NOT NULL, job_id TEXT, "
+    "lost_gpu_s DOUBLE PRECISION)",
+    "CREATE INDEX actions_at ON actions (at)",
+    "CREATE TABLE cloud_calls (request_id TEXT PRIMARY KEY, kind TEXT NOT NULL, "
+    "provider TEXT NOT NULL, pool TEXT, count BIGINT NOT NULL, token BIGINT NOT NULL, "
+    "incarnation TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL, "
+    "finished_at DOUBLE PRECISION, outcome TEXT NOT NULL, instance_ids TEXT NOT NULL, "
+    "detail TEXT NOT NULL)",
+    "CREATE TABLE instance_costs (instance_id TEXT NOT NULL, month TEXT NOT NULL, "
+    "provider TEXT NOT NULL, pool TEXT NOT NULL, gpus BIGINT NOT NULL, "
+    "first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, "
+    "usd DOUBLE PRECISION NOT NULL, gpu_hours DOUBLE PRECISION NOT NULL, "
+    "PRIMARY KEY (instance_id, month))",
+    "CREATE INDEX instance_costs_month ON instance_costs (month)",
+    "INSERT INTO journal_meta (key, value) VALUES ('schema_version', '1')",
+    "INSERT INTO journal_meta (key, value) VALUES ('journal_id', 'v1-journal')",
+    "INSERT INTO ticks (incarnation, tick, token, at, duration_s, outcome, held, demand_known, "
+    f"pending_gpus, instances, cost_per_hour, plan, clamps) VALUES ('old', 0, 1, {DAY0}, 0.1, "
+    "'ok', NULL, TRUE, 2, 1, 3.0, '{}', '[]')",
+    "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, last_at, "
+    f"usd, gpu_hours) VALUES ('i-1', '2024-06', 'aws', 'a', 1, {DAY0 - 3600}, {DAY0}, 3.0, 1.0)",
+)
+
+
+def _v1_sqlite(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        for statement in SCHEMA_V1:
+            db.execute(statement.replace("{id}", "INTEGER PRIMARY KEY"))
+    db.close()
+
+
+def _check_upgraded(journal: Journal) -> None:
+    """The old rows read as they were (the old tick did not know the on-prem figure), and the
+    upgraded journal records it from now on."""
+    (old,) = journal.ticks()
+    assert (old.incarnation, old.pending_gpus, old.onprem_idle_gpu_s) == ("old", 2, None)
+    assert [r.usd for r in journal.spend()] == [3.0]
+    journal.record_tick(_idle_entry(1, DAY0 + 60, (IdleNode("n1", 2, DAY0),)), [], [])
+    journal.record_tick(_idle_entry(2, DAY0 + 120, (IdleNode("n1", 2, DAY0),)), [], [])
+    assert [x.onprem_idle_gpu_s for x in journal.ticks()] == [None, 0.0, 120.0]
+    assert [(s.node, s.gpu_s) for s in journal.onprem_idle()] == [("n1", 120.0)]
+
+
+def test_a_journal_written_by_schema_version_1_opens_and_is_brought_up_to_date(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    _v1_sqlite(path)
+    report = read_journal(path, None, None, None)  # read-only: read as it is, not migrated
+    assert report.ticks[0].onprem_idle_gpu_s is None and report.onprem_idle == []
+    journal = open_sqlite(path)
+    with sqlite3.connect(path) as db:
+        (version,) = db.execute(
+            "SELECT value FROM journal_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    db.close()
+    assert version == str(SCHEMA_VERSION) == "2"
+    _check_upgraded(journal)
+    journal.close()
+    again = open_sqlite(path)  # a second opening has nothing left to do
+    assert len(again.ticks()) == 3
+    again.close()
+    records = read_journal(path, None, None, None)
+    assert [t.onprem_idle_gpu_s for t in records.ticks] == [None, 0.0, 120.0]
+
+
+def test_a_version_1_postgres_journal_is_brought_up_to_date(postgres_dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as db:
+        for statement in SCHEMA_V1:
+            db.execute(statement.replace("{id}", "BIGSERIAL PRIMARY KEY"))
+    journal = open_postgres(postgres_dsn)
+    _check_upgraded(journal)
+    journal.close()
+    open_postgres(postgres_dsn).close()

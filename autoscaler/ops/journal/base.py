@@ -34,6 +34,7 @@ from autoscaler.ops.journal.rows import (
     ActionsRow,
     CallsRow,
     CostsRow,
+    IdleRow,
     MonthCost,
     RowError,
     Serial1,
@@ -41,7 +42,8 @@ from autoscaler.ops.journal.rows import (
     Time1,
     parse_rows,
 )
-from autoscaler.ops.journal.schema import SCHEMA_VERSION, TABLES
+from autoscaler.ops.journal.schema import MIGRATIONS, SCHEMA_VERSION, TABLES
+from autoscaler.ops.onprem_idle import IdleNode, idle_gpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ COLUMNS = {
     "actions": "incarnation, " + rows.columns(ActionsRow),
     "cloud_calls": rows.columns(CallsRow),
     "instance_costs": rows.columns(CostsRow),
+    "onprem_idle": rows.columns(IdleRow),
 }
 IDENTITY_KEY = "journal_id"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -131,10 +134,34 @@ class TickEntry:
     cost_per_hour: float
     plan: dict[str, Any]
     clamps: list[dict[str, Any]] = field(default_factory=list)
+    # On-prem nodes with GPUs allocated while every GPU on them reads idle, as this tick saw
+    # them (``autoscaler.ops.onprem_idle.onprem_idle``; None: the tick could not know). The
+    # journal counts them into GPU-seconds since the previous tick it recorded; the nodes are
+    # not read back (they are summed per node and day in ``onprem_idle``).
+    onprem_idle: tuple[IdleNode, ...] | None = None
+    # What the journal counted for the tick, as ``ticks()`` reads it back (None: not known).
+    # Not read when writing: the journal counts it from ``onprem_idle``.
+    onprem_idle_gpu_s: float | None = None
+
+
+@dataclass(frozen=True)
+class IdleSpan:
+    """A node's on-prem allocated-idle GPU-seconds on one day (UTC), counted by the ticks from
+    ``first_at`` to ``last_at``."""
+
+    node: str
+    day: str
+    first_at: float
+    last_at: float
+    gpu_s: float
 
 
 def month_of(at: float) -> str:
     return time.strftime("%Y-%m", time.gmtime(at))
+
+
+def day_of(at: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
 class Journal:
@@ -158,6 +185,9 @@ class Journal:
         self._fenced_by = fenced_by
         self._transaction = transaction
         self._last_billed: dict[str, float] = {}
+        # When the last tick this process recorded was: the start of the next tick's interval
+        # for on-prem idle GPU-seconds (None: no interval yet, so nothing is counted).
+        self._last_tick_at: float | None = None
         self._month: str | None = None
         self._month_usd = 0.0
         self._file = file
@@ -182,6 +212,7 @@ class Journal:
                 "ON CONFLICT (key) DO NOTHING",
                 (IDENTITY_KEY, uuid.uuid4().hex),
             )
+            self._migrate()
             self._check_schema()
             self._identity = self._read_identity()
             if file is not None:
@@ -203,6 +234,43 @@ class Journal:
             rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
         except RowError as exc:
             raise JournalError(f"journal {self.where}: {exc}") from None
+
+    def _migrate(self) -> None:
+        """Bring a journal an earlier version wrote up to ``SCHEMA_VERSION``: the columns each
+        later version added, where missing, then the new version number, in the transaction
+        that opens it (the journal's schema lock held on PostgreSQL). A version that is not a
+        number is left for ``_check_schema`` to refuse."""
+        found = self._fetch("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
+        try:
+            version = rows.schema_version(found[0][0]) if found else SCHEMA_VERSION
+        except RowError:
+            return
+        if version >= SCHEMA_VERSION:
+            return
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            for add in MIGRATIONS.get(step, ()):
+                if not self._has_column(add.table, add.column):
+                    self._exec(f"ALTER TABLE {add.table} ADD COLUMN {add.column} {add.sql_type}")
+        self._exec(
+            "UPDATE journal_meta SET value = %s WHERE key = %s",
+            (str(SCHEMA_VERSION), "schema_version"),
+        )
+        log.info(
+            "journal %s: schema version %d brought up to %d", self.where, version, SCHEMA_VERSION
+        )
+
+    def _has_column(self, table: str, column: str) -> bool:
+        if self._placeholder == "?":  # SQLite
+            sql = "SELECT COUNT(*) FROM pragma_table_info(%s) WHERE name = %s"
+            params: tuple[str, ...] = (table, column)
+        else:
+            sql = (
+                "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = "
+                "current_schema() AND table_name = %s AND column_name = %s"
+            )
+            params = (table, column)
+        found = self._fetch(sql, params)
+        return bool(found and found[0][0])
 
     def _read_identity(self) -> str | None:
         found = self._fetch("SELECT value FROM journal_meta WHERE key = %s", (IDENTITY_KEY,))
@@ -353,13 +421,16 @@ class Journal:
         returns the dollars accrued per pool. A figure that is not a finite number fails the
         whole tick's record (a NaN or infinite price would poison the month's sum for good)."""
         self._finite(*_tick_figures(entry, actions, billed))
+        idle = self._idle_seconds(entry)
+        idle_total = None if idle is None else math.fsum(gpu_s for _, gpu_s in idle)
         accrued: dict[str, float] = {}
         month = month_of(entry.at)
         with self._atomic():
             self._exec(
                 "INSERT INTO ticks (incarnation, tick, token, at, duration_s, outcome, held, "
-                "demand_known, pending_gpus, instances, cost_per_hour, plan, clamps) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "demand_known, pending_gpus, instances, cost_per_hour, plan, clamps, "
+                "onprem_idle_gpu_s) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     entry.incarnation,
                     entry.tick,
@@ -374,6 +445,7 @@ class Journal:
                     entry.cost_per_hour,
                     _json(entry.plan),
                     _json(entry.clamps),
+                    idle_total,
                 ),
             )
             for action in actions:
@@ -399,8 +471,42 @@ class Journal:
                     ),
                 )
             self._accrue(billed, entry.at, month, accrued)
+            self._accrue_idle(idle or [], entry.at)
         self._note_month_spend(month, sum(accrued.values()))
+        self._last_tick_at = entry.at
         return accrued
+
+    def _idle_seconds(self, entry: TickEntry) -> list[tuple[IdleNode, float]] | None:
+        """Each idle node's GPU-seconds since the previous tick this process recorded (None:
+        the tick could not know)."""
+        if entry.onprem_idle is None:
+            return None
+        return [
+            (node, idle_gpu_seconds(node, entry.at, self._last_tick_at))
+            for node in entry.onprem_idle
+        ]
+
+    def _accrue_idle(self, idle: Sequence[tuple[IdleNode, float]], now: float) -> None:
+        """One upsert per node and day with idle GPU-seconds this tick, as one batch."""
+        day = day_of(now)
+        previous = self._last_tick_at if self._last_tick_at is not None else now
+        pending = [
+            (node.node, day, min(now, max(node.idle_since, previous)), now, gpu_s)
+            for node, gpu_s in idle
+            if gpu_s > 0
+        ]
+        if pending:
+            self._exec_many(
+                "INSERT INTO onprem_idle (node, day, first_at, last_at, gpu_s) "
+                "VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (node, day) DO UPDATE SET "
+                "first_at = CASE WHEN excluded.first_at < onprem_idle.first_at "
+                "THEN excluded.first_at ELSE onprem_idle.first_at END, "
+                "last_at = CASE WHEN excluded.last_at > onprem_idle.last_at "
+                "THEN excluded.last_at ELSE onprem_idle.last_at END, "
+                "gpu_s = onprem_idle.gpu_s + excluded.gpu_s",
+                pending,
+            )
 
     def unbilled(self, billed: Sequence[Billed], now: float) -> float:
         """Dollars these instances have run up since they were last recorded: what the month's
@@ -484,6 +590,7 @@ class Journal:
         """Another replica may have written since we last read (after taking over leadership)."""
         self._month = None
         self._last_billed.clear()
+        self._last_tick_at = None
 
     def calls(self) -> list[CloudCall]:
         return self._calls("")
@@ -573,9 +680,23 @@ class Journal:
                 cost_per_hour=r.cost_per_hour,
                 plan=r.plan,
                 clamps=[dict(c) for c in r.clamps],
+                onprem_idle_gpu_s=r.onprem_idle_gpu_s,
             )
             for r in found
         ]
+
+    def onprem_idle(self, since: float | None = None, until: float | None = None) -> list[IdleSpan]:
+        """The per node and day sums of on-prem allocated-idle GPU-seconds that overlap the
+        period."""
+        found = self._select(
+            IdleRow,
+            "onprem_idle",
+            f"SELECT {rows.columns(IdleRow)} FROM onprem_idle "
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at, node",
+            _period(since, until),
+        )
+        return [IdleSpan(*r) for r in found]
 
     def close(self) -> None:
         self._db.close()
@@ -714,6 +835,8 @@ def _tick_figures(
     for node in billed:
         yield f"tick {entry.tick}: the price of {node.pool}", node.price_per_hour
         yield f"tick {entry.tick}: launched_at of {node.instance_id}", node.launched_at
+    for idle in entry.onprem_idle or ():
+        yield f"tick {entry.tick}: idle_since of on-prem node {idle.node}", idle.idle_since
 
 
 def _json(value: Any) -> str:

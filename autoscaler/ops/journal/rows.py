@@ -68,6 +68,9 @@ Serial = Annotated[int, Field(strict=True, ge=0, le=MAX_ID)]
 Name = Annotated[str, Field(strict=True, max_length=MAX_NAME)]
 Detail = Annotated[str, Field(strict=True, max_length=MAX_DETAIL)]
 Month = Annotated[str, Field(strict=True, pattern=r"^[0-9]{4}-(0[1-9]|1[0-2])$")]
+Day = Annotated[
+    str, Field(strict=True, pattern=r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$")
+]
 Flag = Annotated[bool, BeforeValidator(_sqlite_bool), Field(strict=True)]
 InstanceIds = Annotated[
     Json[Annotated[list[Name], Field(max_length=MAX_IDS)]], BeforeValidator(_json_text)
@@ -109,10 +112,13 @@ class TicksRow(NamedTuple):
     cost_per_hour: Usd
     plan: Plan
     clamps: Clamps
+    onprem_idle_gpu_s: Seconds | None
 
 
 class TickFigures(NamedTuple):
-    """What the report reads of a tick (the plan can be large, and it does not need it)."""
+    """What the report reads of a tick (the plan can be large, and it does not need it).
+    ``onprem_idle_gpu_s`` is NULL in a tick that could not know it, and in every tick of a
+    journal older than schema version 2 (read as NULL there, see ``tick_figure_columns``)."""
 
     id: Serial
     at: Time
@@ -121,6 +127,7 @@ class TickFigures(NamedTuple):
     pending_gpus: Count
     cost_per_hour: Usd
     clamps: Clamps
+    onprem_idle_gpu_s: Seconds | None
 
 
 class ActionsRow(NamedTuple):
@@ -164,6 +171,17 @@ class CostsRow(NamedTuple):
     gpu_hours: Hours
 
 
+class IdleRow(NamedTuple):
+    """GPU-seconds on-prem GPUs were allocated on a node that read idle, summed per node and
+    day (UTC) over the span ``first_at`` to ``last_at`` of the ticks that counted them."""
+
+    node: Name
+    day: Day
+    first_at: Time
+    last_at: Time
+    gpu_s: Seconds
+
+
 class CallsRow(NamedTuple):
     request_id: Name
     kind: Name
@@ -205,6 +223,15 @@ def columns(row: type[tuple[Any, ...]]) -> str:
     return ", ".join("count" if name == "n" else name for name in fields)
 
 
+def tick_figure_columns(version: int) -> str:
+    """``TickFigures``' SELECT list for a journal of ``version``: one written before version 2
+    has no on-prem idle column, and its ticks read as not knowing the figure."""
+    names = columns(TickFigures)
+    if version >= 2:
+        return names
+    return names.replace("onprem_idle_gpu_s", "NULL AS onprem_idle_gpu_s")
+
+
 R = TypeVar("R", bound=tuple[Any, ...])
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {}
 
@@ -238,7 +265,7 @@ def _describe(exc: ValidationError, row: type, table: str, rows: Sequence[Sequen
 
 
 def _key(raw: Sequence[Any], fields: tuple[str, ...]) -> str:
-    for key in ("id", "request_id", "instance_id"):
+    for key in ("id", "request_id", "instance_id", "node"):
         if key in fields:
             return f"{key} {_shown(raw[fields.index(key)])}"
     return "?"
@@ -253,9 +280,9 @@ def _shown(value: Any) -> str:
 def _check_order(item: Any, table: str) -> None:
     first, last = getattr(item, "first_at", None), getattr(item, "last_at", None)
     if first is not None and last is not None and first > last:
+        fields: tuple[str, ...] = item._fields
         raise RowError(
-            f"{table} row instance_id {_shown(item.instance_id)}: first_at {first!r} is after "
-            f"last_at {last!r}"
+            f"{table} row {_key(item, fields)}: first_at {first!r} is after last_at {last!r}"
         )
 
 

@@ -1,9 +1,31 @@
 """The journal's tables, in SQL both SQLite and PostgreSQL accept (``{id}`` is the dialect's
-auto-numbered key). Times are Unix seconds; lists are JSON text."""
+auto-numbered key). Times are Unix seconds; lists are JSON text.
+
+``SCHEMA_VERSION`` is what this code writes; a journal written by an earlier version is brought
+up to it when the controller opens it, by the steps in ``MIGRATIONS`` (each a column to add,
+applied only where the column is missing), in the same transaction as the new version number.
+A table added by a version is made by ``TABLES`` itself (``IF NOT EXISTS``).
+"""
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+from typing import NamedTuple
+
+SCHEMA_VERSION = 2
+
+
+class AddColumn(NamedTuple):
+    table: str
+    column: str
+    sql_type: str
+
+
+# version -> what brings a journal of the version before it up to it
+MIGRATIONS: dict[int, tuple[AddColumn, ...]] = {
+    # 2: on-prem GPUs allocated on nodes that read idle, GPU-seconds per tick (NULL: not known,
+    # and every tick written before version 2) and per node and day (the onprem_idle table)
+    2: (AddColumn("ticks", "onprem_idle_gpu_s", "DOUBLE PRECISION"),),
+}
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS journal_meta (
@@ -24,7 +46,8 @@ TABLES = (
         instances BIGINT NOT NULL,
         cost_per_hour DOUBLE PRECISION NOT NULL,
         plan TEXT NOT NULL,
-        clamps TEXT NOT NULL
+        clamps TEXT NOT NULL,
+        onprem_idle_gpu_s DOUBLE PRECISION
     )""",
     """CREATE TABLE IF NOT EXISTS actions (
         id {id},
@@ -71,4 +94,12 @@ TABLES = (
         PRIMARY KEY (instance_id, month)
     )""",
     "CREATE INDEX IF NOT EXISTS instance_costs_month ON instance_costs (month)",
+    """CREATE TABLE IF NOT EXISTS onprem_idle (
+        node TEXT NOT NULL,
+        day TEXT NOT NULL,
+        first_at DOUBLE PRECISION NOT NULL,
+        last_at DOUBLE PRECISION NOT NULL,
+        gpu_s DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, day)
+    )""",
 )
