@@ -21,7 +21,8 @@ from autoscaler.model import InterruptionNotice, Placement
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig, Limits
 from autoscaler.ops.journal import Journal
-from autoscaler.ops.journal.base import open_postgres, open_sqlite
+from autoscaler.ops.journal.base import TickEntry, open_postgres, open_sqlite
+from autoscaler.ops.onprem_idle import IdleNode
 from autoscaler.report.journal import NOTHING_YET
 from autoscaler.report.model import Report
 from autoscaler.spi.sources import NodeUsage, RunningJob
@@ -356,3 +357,71 @@ def test_postgres_that_refuses_is_one_line_without_the_password(
     monkeypatch.delenv(DSN_VAR)
     assert main(["report", "--journal-postgres-env", DSN_VAR, "--out", str(tmp_path)]) == 2
     assert DSN_VAR in capsys.readouterr().err
+
+
+def test_onprem_gpus_allocated_on_idle_nodes_are_reported_with_the_top_nodes(
+    tmp_path: Path,
+) -> None:
+    """What the journal counted tick by tick, in total and for the nodes that wasted most; a
+    period cut by --since counts the ticks inside it and shares each node-day sum by time."""
+    path = tmp_path / "j.db"
+    journal = open_sqlite(path)
+    idle = (
+        IdleNode("gpu-07", 8, T0 - 3600),  # idle all along, 8 GPUs held
+        IdleNode("gpu-02", 2, T0 - 3600),
+    )
+    for number in range(5):  # ticks at T0 .. T0 + 240; the first counts nothing
+        entry = TickEntry(
+            "t", number, 1, T0 + 60 * number, 0.01, "ok", None, True, 0, 0, 0.0, {}, [], idle
+        )
+        journal.record_tick(entry, [], [])
+    journal.record_tick(
+        TickEntry("t", 5, 1, T0 + 300, 0.01, "ok", None, True, 0, 0, 0.0, {}, [], None), [], []
+    )
+    journal.close()
+
+    out = tmp_path / "out"
+    assert main(["report", "--journal", str(path), "--out", str(out)]) == 0
+    report = report_of(out)
+    (real,) = report.policies
+    assert report.journal is not None
+    total = (8 + 2) * 240 / 3600
+    assert real.gpu_hours.onprem_allocated_idle == pytest.approx(total, abs=0.01)
+    assert report.journal.onprem_idle_gpu_hours == pytest.approx(total, abs=1e-4)
+    top = report.journal.onprem_idle_top_nodes
+    assert [n.node for n in top] == ["gpu-07", "gpu-02"], "the node that wasted most first"
+    assert [n.gpu_hours for n in top] == pytest.approx([8 * 240 / 3600, 2 * 240 / 3600], abs=1e-4)
+    assert report.journal.onprem_idle_unknown_ticks == 1
+    raw = json.loads((out / "report.json").read_text())
+    assert raw["policies"][0]["gpu_hours"]["onprem_allocated_idle"] == pytest.approx(0.67)
+    markdown = (out / "report.md").read_text()
+    assert "On-prem GPUs allocated while their node read idle: 0.67 GPU-h" in markdown
+    assert "gpu-07 0.53" in markdown and "1 tick(s) could not know" in markdown
+    assert "GPU-h on-prem allocated idle" in markdown
+    assert "gpu-07" in (out / "report.html").read_text()
+
+    cut = tmp_path / "cut"
+    since = iso(T0 + 120)
+    assert main(["report", "--journal", str(path), "--out", str(cut), "--since", since]) == 0
+    later = report_of(cut)
+    assert later.journal is not None
+    # ticks at T0 + 120, 180 and 240 count 60 s each; the node-day sums span T0 .. T0 + 240
+    assert later.journal.onprem_idle_gpu_hours == pytest.approx(10 * 180 / 3600, abs=1e-4)
+    assert later.journal.onprem_idle_top_nodes[0].gpu_hours == pytest.approx(
+        8 * 240 / 3600 * 120 / 240, abs=1e-4
+    )
+
+
+def test_a_journal_that_never_knew_says_unknown_not_zero(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = open_sqlite(path)
+    for number in range(3):
+        entry = TickEntry("t", number, 1, T0 + 60 * number, 0.01, "ok", None, True, 0, 0, 0.0, {})
+        journal.record_tick(entry, [], [])
+    journal.close()
+    out = tmp_path / "out"
+    assert main(["report", "--journal", str(path), "--out", str(out)]) == 0
+    report = report_of(out)
+    assert report.policies[0].gpu_hours.onprem_allocated_idle is None
+    assert report.journal is not None and report.journal.onprem_idle_gpu_hours is None
+    assert "read idle: unknown" in (out / "report.md").read_text()

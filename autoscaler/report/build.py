@@ -72,6 +72,16 @@ def _timeline(result: SimResult, prepared: Prepared) -> PolicyTimeline:
     )
 
 
+def onprem_idle_hours(result: SimResult) -> float | None:
+    """On-prem GPU-hours allocated while their node read idle, as the replay's scheduler counted
+    them (``Accounting.onprem_idle_gpu_s``); None (unknown, never zero) from a replay that did
+    not pass the figure on."""
+    # ``simulate`` hands the scheduler's figure on as ``SimResult.onprem_idle_gpu_s``; read
+    # defensively until every engine in the tree does.
+    idle_s = getattr(result, "onprem_idle_gpu_s", None)
+    return None if idle_s is None else round(float(idle_s) / HOUR, 2)
+
+
 def policy_result(
     result: SimResult, prepared: Prepared, bounds: Sequence[LowerBoundResult]
 ) -> PolicyResult:
@@ -112,6 +122,7 @@ def policy_result(
             cloud_idle=round(max(0.0, cloud_paid - allocated_cloud), 2),
             lost=round(result.lost_gpu_s / HOUR, 2),
             checkpointing=round(result.checkpoint_gpu_s / HOUR, 2),
+            onprem_allocated_idle=onprem_idle_hours(result),
         ),
         onprem_utilisation=round(
             result.allocated_gpu_s.get("onprem", 0.0) / HOUR / onprem_capacity, 4
@@ -155,6 +166,12 @@ def assumptions(prepared: Prepared) -> list[str]:
         "GPUs on each of several nodes at once, started together and requeued whole when one "
         "is taken away; only GPUs of a model the job accepts (trace gpu_model) run it. Its "
         "trace GPU fraction is used as its measured GPU utilisation."
+    )
+    lines.append(
+        "On-prem allocated idle: GPU-hours on-prem GPUs were allocated to jobs while every job "
+        f"on their node was below the {scenario.idle_util_pct:g} % idle threshold by its trace "
+        "GPU fraction (the share of a GPU the job asked for, standing in for its measured "
+        "utilisation, which the trace does not record); a node with one busy job is busy."
     )
     lines.append(
         "Jobs still running when the window opens enter at its start with the work they "
@@ -241,6 +258,14 @@ def _findings(
                 f"{chosen.label} costs {chosen.cost / bound.cost:.2f}x the offline lower bound "
                 f"for a {bound.max_wait_s:g} s maximum wait (${bound.cost:,.0f})."
             )
+    idle = chosen.gpu_hours.onprem_allocated_idle
+    allocated = chosen.gpu_hours.allocated_onprem
+    if idle and allocated:
+        lines.append(
+            f"Under {chosen.label}, on-prem GPUs were allocated to jobs on nodes that read idle "
+            f"for {idle:,.1f} GPU-h ({idle / allocated:.1%} of on-prem GPU-hours allocated): "
+            "held, and unused."
+        )
     return lines
 
 

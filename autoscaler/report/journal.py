@@ -2,8 +2,9 @@
 
 The point is comparison: a user who chose a policy from the simulator's report wants to see what
 it actually cost, laid out the same way, beside what the simulator predicted. The journal knows
-what was paid and what the controller did; it does not know queue waits, jobs or how busy the
-GPUs were, so those figures stay ``None`` (shown as a dash), never zero, which would read as a
+what was paid and what the controller did, and (from schema version 2) the on-prem GPUs held by
+jobs on nodes that read idle; it does not know queue waits, jobs or how busy the cloud GPUs
+were, so those figures stay ``None`` (shown as a dash), never zero, which would read as a
 claim.
 
 The journal is only read, never written: SQLite is opened with ``mode=ro`` (a running
@@ -24,7 +25,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,13 +33,22 @@ from typing import Any, Protocol
 from autoscaler.model.errors import InputError
 from autoscaler.model.secrets import read_secret_env
 from autoscaler.ops.journal import rows
-from autoscaler.ops.journal.base import SpendRow
-from autoscaler.ops.journal.rows import ActionFigures, CostsRow, RowError, TickFigures, Time1
+from autoscaler.ops.journal.base import IdleSpan, SpendRow
+from autoscaler.ops.journal.rows import (
+    ActionFigures,
+    CostsRow,
+    IdleRow,
+    RowError,
+    TickFigures,
+    Time1,
+    tick_figure_columns,
+)
 from autoscaler.ops.journal.schema import SCHEMA_VERSION
 from autoscaler.report.build import HOUR, MAX_POINTS, percentiles
 from autoscaler.report.model import (
     GpuHours,
     JournalFacts,
+    NodeIdle,
     PolicyResult,
     PolicyTimeline,
     PoolCost,
@@ -54,6 +64,9 @@ BUDGET_RULES = ("budget", "monthly_budget")
 REQUEUE_PREFIX = "requeued"
 CUT_SHORT = ("unknown", "started")
 NOTHING_YET = "The journal has nothing yet: no tick or spend is recorded in the period."
+TOP_IDLE_NODES = 5
+# The schema version that first recorded on-prem GPUs allocated on idle nodes.
+ONPREM_IDLE_SINCE_VERSION = 2
 
 
 # ---------------------------------------------------------------- reading
@@ -77,6 +90,7 @@ class Tick:
     pending_gpus: int
     cost_per_hour: float
     clamp_rules: frozenset[str]
+    onprem_idle_gpu_s: float | None = None  # None: the tick did not know
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,7 @@ class Records:
     actions: list[Action]
     spend: list[SpendRow]
     calls_cut_short: int
+    onprem_idle: list[IdleSpan] = field(default_factory=list)
 
 
 class JournalReader:
@@ -115,20 +130,21 @@ class JournalReader:
         low = -math.inf if since is None else since
         high = math.inf if until is None else until
         with self._snapshot():
-            self._check_schema()
+            version = self._check_schema()
             return Records(
                 where=self.where,
-                ticks=self._ticks(low, high),
+                ticks=self._ticks(low, high, version),
                 actions=self._actions(low, high),
                 spend=self._spend(low, high),
                 calls_cut_short=self._calls_cut_short(low, high),
+                onprem_idle=self._onprem_idle(low, high, version),
             )
 
-    def _ticks(self, low: float, high: float) -> list[Tick]:
+    def _ticks(self, low: float, high: float, version: int) -> list[Tick]:
         found = self._parsed(
             TickFigures,
             "ticks",
-            f"SELECT {rows.columns(TickFigures)} FROM ticks "
+            f"SELECT {tick_figure_columns(version)} FROM ticks "
             f"WHERE (at >= %s AND at <= %s) OR {rows.insane_time('at')} ORDER BY at, id",
             (low, high),
         )
@@ -140,9 +156,25 @@ class JournalReader:
                 pending_gpus=r.pending_gpus,
                 cost_per_hour=r.cost_per_hour,
                 clamp_rules=frozenset(c["rule"] for c in r.clamps),
+                onprem_idle_gpu_s=r.onprem_idle_gpu_s,
             )
             for r in found
         ]
+
+    def _onprem_idle(self, low: float, high: float, version: int) -> list[IdleSpan]:
+        """Per node and day; a journal older than version 2 has none (it opens read-only
+        here, so it is read as it is, not migrated)."""
+        if version < ONPREM_IDLE_SINCE_VERSION:
+            return []
+        found = self._parsed(
+            IdleRow,
+            "onprem_idle",
+            f"SELECT {rows.columns(IdleRow)} FROM onprem_idle "
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at, node",
+            (low, high),
+        )
+        return [IdleSpan(*r) for r in found]
 
     def _actions(self, low: float, high: float) -> list[Action]:
         found = self._parsed(
@@ -186,10 +218,10 @@ class JournalReader:
         )
         return len(found)
 
-    def _check_schema(self) -> None:
+    def _check_schema(self) -> int:
         found = self._rows("SELECT value FROM journal_meta WHERE key = %s", ("schema_version",))
         try:
-            rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
+            return rows.schema_version(found[0][0] if found else str(SCHEMA_VERSION))
         except RowError as exc:
             raise InputError(self.where, str(exc)) from None
 
@@ -343,16 +375,33 @@ def iso(at: float) -> str:
 # ---------------------------------------------------------------- figures
 
 
-def _share(row: SpendRow, since: float | None, until: float | None) -> float:
-    """The part of an instance-month row inside the period. The journal keeps one running sum
-    per instance and month, so a row cut by --since/--until is shared out in proportion to
-    time, as if its price had been constant over the row."""
+def _share(row: SpendRow | IdleSpan, since: float | None, until: float | None) -> float:
+    """The part of an instance-month (or node-day) row inside the period. The journal keeps one
+    running sum per instance and month (per node and day), so a row cut by --since/--until is
+    shared out in proportion to time, as if its rate had been constant over the row."""
     low = row.first_at if since is None else max(row.first_at, since)
     high = row.last_at if until is None else min(row.last_at, until)
     span = row.last_at - row.first_at
     if span <= 0:
         return 1.0 if low <= high else 0.0
     return max(0.0, min(1.0, (high - low) / span))
+
+
+def _onprem_idle_hours(ticks: Sequence[Tick]) -> float | None:
+    """The on-prem GPU-hours allocated on idle nodes the ticks counted; None when no tick of the
+    period knew (a journal from before version 2, or no on-prem utilisation reading)."""
+    known = [t.onprem_idle_gpu_s for t in ticks if t.onprem_idle_gpu_s is not None]
+    return math.fsum(known) / HOUR if known else None
+
+
+def _top_idle_nodes(
+    spans: Sequence[IdleSpan], since: float | None, until: float | None
+) -> list[NodeIdle]:
+    by_node: dict[str, float] = {}
+    for span in spans:
+        by_node[span.node] = by_node.get(span.node, 0.0) + span.gpu_s * _share(span, since, until)
+    ranked = sorted(((-s, n) for n, s in by_node.items() if s > 0))[:TOP_IDLE_NODES]
+    return [NodeIdle(node=n, gpu_hours=round(-s / HOUR, 4)) for s, n in ranked]
 
 
 @dataclass(frozen=True)
@@ -453,6 +502,7 @@ def journal_policy(records: Records, spend: Spend, start: float) -> PolicyResult
             cloud_idle=None,
             lost=round(lost_gpu_s / HOUR, 2),
             checkpointing=None,
+            onprem_allocated_idle=_rounded(_onprem_idle_hours(ticks), 2),
         ),
         onprem_utilisation=None,
         interruptions=sum(1 for a in actions if a.kind == "interruption"),
@@ -496,7 +546,14 @@ def _facts(
         ),
         budget_capped_hours=_budget_hours(ticks),
         cloud_calls_cut_short=records.calls_cut_short,
+        onprem_idle_gpu_hours=_rounded(_onprem_idle_hours(ticks), 4),
+        onprem_idle_top_nodes=_top_idle_nodes(records.onprem_idle, since, until),
+        onprem_idle_unknown_ticks=sum(1 for t in ticks if t.onprem_idle_gpu_s is None),
     )
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _pools(records: Records) -> list[PoolRow]:
@@ -533,6 +590,12 @@ def _assumptions(since: float | None, until: float | None) -> list[str]:
         "lost; interruptions count every interruption the controller recorded.",
         "Queue waits, jobs, GPUs used and on-prem utilisation are not in the journal: shown as "
         "a dash (unknown), not as zero.",
+        "On-prem allocated idle: each tick counts, per on-prem node whose GPUs all read below "
+        "the telemetry idle threshold, its allocated GPUs times the part of the time since the "
+        "previous tick it has read idle; nodes without a reading are not counted, and a tick "
+        "that could not know (no reading at all, the node source failed, a journal from "
+        "before schema version 2) leaves the figure unknown rather than zero. Top nodes are "
+        "summed per node and day, shared out by time when --since/--until cut a day.",
         "Hours stopped by a budget cap run from each tick the guard clamped on the rule to the "
         "next tick.",
     ]
@@ -562,6 +625,14 @@ def _findings(policy: PolicyResult, facts: JournalFacts, hours: float) -> list[s
     if facts.cloud_calls_cut_short:
         lines.append(
             f"{facts.cloud_calls_cut_short} cloud call(s) were cut short by a controller stop."
+        )
+    if facts.onprem_idle_gpu_hours:
+        most = facts.onprem_idle_top_nodes[0] if facts.onprem_idle_top_nodes else None
+        lines.append(
+            f"On-prem GPUs were allocated on nodes that read idle for "
+            f"{facts.onprem_idle_gpu_hours:,.2f} GPU-h"
+            + (f", the most on {most.node} ({most.gpu_hours:,.2f} GPU-h)" if most else "")
+            + ": held by jobs, unused."
         )
     return lines
 

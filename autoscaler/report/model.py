@@ -26,9 +26,12 @@ class PoolCost(Frozen):
 class GpuHours(Frozen):
     """Where GPU-hours went. ``useful`` is the trace's work done; ``lost`` the work thrown away by
     interruptions; ``checkpointing`` the time spent writing checkpoints; ``cloud_idle`` paid
-    cloud GPU-hours with no job on them (booting, waiting to be drained, packing waste).
-    ``None`` is a figure the source cannot know (a journal records what was paid, not how
-    the jobs used it), shown as unknown rather than as a zero."""
+    cloud GPU-hours with no job on them (booting, waiting to be drained, packing waste);
+    ``onprem_allocated_idle`` on-prem GPU-hours allocated to jobs while their node read idle
+    by utilisation (below the idle threshold): held, and unused. ``None`` is a figure the
+    source cannot know (a journal records what was paid, not how the jobs used it; one written
+    before it recorded idle on-prem GPUs, or a node with no reading), shown as unknown rather
+    than as a zero."""
 
     useful: float | None
     allocated_onprem: float | None
@@ -37,6 +40,14 @@ class GpuHours(Frozen):
     cloud_idle: float | None
     lost: float
     checkpointing: float | None
+    onprem_allocated_idle: float | None = None
+
+
+class NodeIdle(Frozen):
+    """One on-prem node's GPU-hours allocated while it read idle, over the report's period."""
+
+    node: str
+    gpu_hours: float
 
 
 class Series(Frozen):
@@ -152,6 +163,11 @@ class JournalFacts(Frozen):
     lost_gpu_hours: float
     budget_capped_hours: dict[str, float]
     cloud_calls_cut_short: int
+    # on-prem GPU-hours allocated on nodes that read idle (None: no tick in the period knew),
+    # the nodes with the most first, and the ticks that could not know
+    onprem_idle_gpu_hours: float | None = None
+    onprem_idle_top_nodes: list[NodeIdle] = Field(default_factory=list)
+    onprem_idle_unknown_ticks: int = 0
 
 
 class Report(Frozen):

@@ -182,6 +182,7 @@ def comparison_table(report: Report) -> Table:
         "Interruptions",
         "Checkpoints",
         "On-prem util",
+        "GPU-h on-prem allocated idle",
         "Jobs finished/total",
     ]
     rows = [
@@ -200,6 +201,7 @@ def comparison_table(report: Report) -> Table:
             _num(p.interruptions),
             _num(p.checkpoints),
             _pct(p.onprem_utilisation),
+            _num(p.gpu_hours.onprem_allocated_idle, 1),
             _jobs(p),
         ]
         for p in report.policies
@@ -340,6 +342,28 @@ def journal_facts(facts: JournalFacts) -> tuple[str, ...]:
         f"Interruptions: {facts.interruptions:,}; work lost: {facts.lost_gpu_hours:,.2f} GPU-h",
         f"Scale-up stopped by a budget cap: {capped or 'never'}",
         f"Cloud calls cut short by a stop: {facts.cloud_calls_cut_short:,}",
+        _onprem_idle_fact(facts),
+    )
+
+
+def _onprem_idle_fact(facts: JournalFacts) -> str:
+    """The on-prem GPUs jobs held and did not use, and where: the waste allocation hides."""
+    if facts.onprem_idle_gpu_hours is None:
+        return (
+            "On-prem GPUs allocated while their node read idle: unknown (no tick in the period "
+            "had a utilisation reading for the on-prem nodes)"
+        )
+    top = ", ".join(f"{n.node} {n.gpu_hours:,.2f}" for n in facts.onprem_idle_top_nodes)
+    unknown = (
+        f"; {facts.onprem_idle_unknown_ticks:,} tick(s) could not know"
+        if facts.onprem_idle_unknown_ticks
+        else ""
+    )
+    return (
+        f"On-prem GPUs allocated while their node read idle: "
+        f"{facts.onprem_idle_gpu_hours:,.2f} GPU-h"
+        + (f" (most: {top} GPU-h)" if top else "")
+        + unknown
     )
 
 
@@ -412,6 +436,7 @@ def gpu_hours_table(report: Report) -> Table:
         "Cloud idle",
         "Lost",
         "Checkpointing",
+        "On-prem allocated idle",
     ]
     rows = []
     for p in report.policies:
@@ -424,6 +449,7 @@ def gpu_hours_table(report: Report) -> Table:
             g.cloud_idle,
             g.lost,
             g.checkpointing,
+            g.onprem_allocated_idle,
         )
         rows.append([p.label, *(_num(v, 1) for v in values)])
     return _table(headers, rows)

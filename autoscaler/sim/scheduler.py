@@ -86,11 +86,19 @@ class SimNode:
     # on-prem nodes; a cloud's region for its instances (a job spanning clouds or regions
     # cannot run as one, whatever placed its nodes).
     locality: str = "onprem"
+    # Up to when the node's allocated-idle GPU-seconds are counted (on-prem nodes).
+    idle_counted_to: float = 0.0
 
 
 @dataclass
 class Accounting:
-    """GPU-seconds by where they were spent; conserved: allocated = completed + lost + overhead."""
+    """GPU-seconds by where they were spent; conserved: allocated = completed + lost + overhead.
+
+    ``onprem_idle_gpu_s`` is a view across that identity, not a part of it: the on-prem
+    GPU-seconds allocated to jobs while their node read idle, as telemetry would judge it live
+    (every job on the node below the idle threshold by its trace utilisation; a node is idle or
+    busy as a whole, as ``OnPremNode.idle_since`` says), counted exactly between job events.
+    """
 
     allocated_gpu_s: dict[Capacity, float] = field(
         default_factory=lambda: dict.fromkeys(Capacity, 0.0)
@@ -102,6 +110,7 @@ class Accounting:
     checkpoints: int = 0
     requeues: int = 0
     migrations: int = 0
+    onprem_idle_gpu_s: float = 0.0
 
 
 # gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory
@@ -183,6 +192,7 @@ class SimScheduler:
             gpu_model=gpu_model,
             gpu_memory_gib=gpu_memory_gib,
             locality=locality,
+            idle_counted_to=now,
         )
         self.nodes[name] = node
         self._index_add(node)
@@ -194,6 +204,7 @@ class SimScheduler:
         node = self.nodes.pop(name, None)
         if node is None:
             return 0
+        self._count_idle(node, now)
         self._index_remove(node)
         count = 0
         for job in list(node.jobs.values()):
@@ -363,6 +374,8 @@ class SimScheduler:
     def close(self, now: float) -> None:
         """End of the replay: count the work in flight, and the wait of jobs still queued (a
         lower bound on what they would have waited)."""
+        for node in self.nodes.values():
+            self._count_idle(node, now)
         running = {job.seq: job for node in self.nodes.values() for job in node.jobs.values()}
         for job in running.values():
             if job.node is not None:
@@ -585,6 +598,7 @@ class SimScheduler:
     def _start(self, job: SimJob, nodes: list[SimNode], now: float, extra_s: float = 0.0) -> None:
         per_node = job.gpus_per_node
         for node in nodes:
+            self._count_idle(node, now)
             self._index_remove(node)
             node.free -= per_node
             node.jobs[job.seq] = job
@@ -610,6 +624,7 @@ class SimScheduler:
         per_node = job.gpus_per_node
         self.busy_gpus[job.node.kind] -= job.gpus
         for node in job.members:
+            self._count_idle(node, now)
             self._index_remove(node)
             del node.jobs[job.seq]
             node.free += per_node
@@ -700,6 +715,17 @@ class SimScheduler:
         self._max_free = max(
             (f for by_free in self._index.values() for f, n in by_free.items() if n), default=0
         )
+
+    def _count_idle(self, node: SimNode, now: float) -> None:
+        """Count the on-prem node's allocated-idle GPU-seconds up to ``now``; called before
+        anything changes what runs on it, so each stretch is counted with the allocation and
+        idleness it had."""
+        if node.kind is not Capacity.ONPREM:
+            return
+        if node.idle_since is not None and node.jobs and now > node.idle_counted_to:
+            allocated = sum(j.gpus_per_node for j in node.jobs.values())
+            self.accounting.onprem_idle_gpu_s += allocated * (now - node.idle_counted_to)
+        node.idle_counted_to = max(node.idle_counted_to, now)
 
     def _refresh_idle(self, node: SimNode, now: float) -> None:
         """A node is idle when every one of its GPUs is, as telemetry judges it per GPU: one busy

@@ -28,7 +28,10 @@ MAX_JOB_GPUS = 65_536
 @dataclass(slots=True)
 class TraceJob:
     """One job to replay. ``gpus`` is the whole job's; it runs on ``nodes`` nodes at once with
-    ``gpus // nodes`` on each, of one of ``gpu_models`` (any when empty)."""
+    ``gpus // nodes`` on each, of one of ``gpu_models`` (any when empty). ``utilisation`` is
+    the trace's ``gpu_fraction`` (the share of a GPU the job asked for; 1 when the trace gives
+    none): the traces record no measured utilisation, so it stands in for it, for the whole
+    run, wherever the simulator judges a node idle (drains, on-prem allocated-idle GPU-hours)."""
 
     id: str
     submit: float
