@@ -1,8 +1,8 @@
 """A small Azure Resource Manager emulator for the Azure tests, and the Azure contract world.
 
-It speaks the wire shapes azure-mgmt-compute really sends and parses, over plain HTTP on
-127.0.0.1, so the provider under test runs the real SDK, its pipeline and its long-running
-operation pollers end to end:
+It speaks the wire shapes azure-mgmt-compute really sends and parses, over TLS on 127.0.0.1 (its
+own test CA), so the provider under test runs the real SDK, its pipeline, its bearer-token policy
+and its long-running operation pollers end to end:
 
 * ``PUT  /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{vm}``
   → 201 with the VM (``provisioningState: Creating``) and an ``Azure-AsyncOperation`` header;
@@ -21,10 +21,19 @@ operation pollers end to end:
   group. A VM PUT whose ``proximityPlacementGroup.id`` names a group that does not exist, or one
   in another location or zone, is refused as ARM refuses it.
 
-Errors are ARM's: ``{"error": {"code", "message"}}`` with the real codes and statuses. ARM calls
-need a bearer token (401 without one). Faults are planned per operation (``fail_next``), per
-listing page (``fail_page``), or random (``chaos``); capacity can be rationed per launch request
-(``grant_at_most``) and creates can be made slow.
+Authentication is Azure's: ARM calls need a bearer token the emulator issued (401 without one),
+and the provider gets it the standard way, ``DefaultAzureCredential``. The emulator serves the
+managed identity endpoint App Service and Container Apps give a workload (``GET /msi/token``
+with the ``X-IDENTITY-HEADER`` secret), and the session's ``IDENTITY_ENDPOINT`` and
+``IDENTITY_HEADER`` point the credential chain at it, with ``REQUESTS_CA_BUNDLE`` trusting the
+test CA. (A service principal's ``AZURE_AUTHORITY_HOST`` would not do: MSAL first asks
+login.microsoftonline.com about any authority host it does not know, and only code, not the
+environment, can turn that off.) The Retail Prices API, which needs no credentials, is served
+over plain HTTP (``prices_url``).
+
+Errors are ARM's: ``{"error": {"code", "message"}}`` with the real codes and statuses. Faults are
+planned per operation (``fail_next``), per listing page (``fail_page``), or random (``chaos``);
+capacity can be rationed per launch request (``grant_at_most``) and creates can be made slow.
 
 Prices: on-demand Linux prices are the shipped Azure catalog's (eastus, as of 2026-06-18, from
 ``azure_gpu_vm_sizes.csv`` in the shared data, which has NO spot prices). The spot, low-priority
@@ -34,19 +43,26 @@ a fixed fraction), so that meter selection can be tested; they are not Azure's p
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 import re
+import secrets
+import ssl
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, urlsplit
 
+import certifi
 import pytest
 from contract_support import FAULT_KINDS, FLEET, Operation
 
@@ -95,6 +111,7 @@ OPERATION_PATH = re.compile(
     re.I,
 )
 PRICES_PATH = "/api/retail/prices"
+IDENTITY_PATH = "/msi/token"
 FILTER_TERM = re.compile(r"^\s*(\w+)\s+eq\s+'([^']*)'\s*$", re.I)
 
 # fault → (HTTP status, ARM code, message) as Azure answers a synchronous failure
@@ -234,22 +251,79 @@ class ArmEmulator:
     """ARM state and its HTTP front. Every public method is safe to call from a test while the
     provider's poller threads are talking to the server."""
 
-    def __init__(self, page_size: int = 3, price_page_size: int = 4) -> None:
+    def __init__(
+        self, page_size: int = 3, price_page_size: int = 4, directory: Path | None = None
+    ) -> None:
         self.page_size = page_size
         self.price_page_size = price_page_size
         self.lock = threading.RLock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="arm-emulator-"))
+        self.ca_bundle, context = _tls(self.directory)
+        self.server = _TlsServer(("127.0.0.1", 0), _handler(self), context)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self.prices_server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.prices_server.daemon_threads = True
+        self.prices_url = f"http://127.0.0.1:{self.prices_server.server_address[1]}{PRICES_PATH}"
+        self.threads = [
+            threading.Thread(target=server.serve_forever, daemon=True)
+            for server in (self.server, self.prices_server)
+        ]
+        self.identity_secret = secrets.token_urlsafe(16)
+        self.issued: set[str] = set()  # access tokens the identity endpoint handed out
+        self.identity_requests = 0
         self.reset()
 
     def start(self) -> None:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, self.prices_server):
+            server.shutdown()
+            server.server_close()
+
+    def environment(self) -> dict[str, str | None]:
+        """What a process needs for ``DefaultAzureCredential`` to get its token from this
+        emulator's managed identity endpoint (None: unset, so that no service principal in the
+        environment comes first), and to trust the emulator's certificate."""
+        return {
+            "IDENTITY_ENDPOINT": f"{self.url}{IDENTITY_PATH}",
+            "IDENTITY_HEADER": self.identity_secret,
+            "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
+            **dict.fromkeys(
+                (
+                    "AZURE_CLIENT_ID",
+                    "AZURE_CLIENT_SECRET",
+                    "AZURE_TENANT_ID",
+                    "AZURE_CLIENT_CERTIFICATE_PATH",
+                    "AZURE_USERNAME",
+                    "AZURE_FEDERATED_TOKEN_FILE",
+                    "AZURE_TOKEN_CREDENTIALS",
+                    "IDENTITY_SERVER_THUMBPRINT",
+                    "IMDS_ENDPOINT",
+                    "MSI_ENDPOINT",
+                )
+            ),
+        }
+
+    def identity(self, query: dict[str, str], secret: str) -> Reply:
+        """The managed identity endpoint (App Service's protocol): a token for ``resource``."""
+        with self.lock:
+            self.identity_requests += 1
+            if secret != self.identity_secret or query.get("api-version") != "2019-08-01":
+                return Reply(400, {"statusCode": 400, "message": "Unable to load the identity."})
+            token = f"eyJ0eXAiOiJKV1QiLCJ{secrets.token_urlsafe(24)}"
+            self.issued.add(token)
+        return Reply(
+            200,
+            {
+                "access_token": token,
+                "expires_on": str(int(time.time()) + 3600),
+                "resource": query.get("resource", ""),
+                "token_type": "Bearer",
+            },
+        )
 
     def reset(self) -> None:
         with self.lock:
@@ -680,8 +754,7 @@ class ArmEmulator:
         }
         if skip + self.price_page_size < len(chosen):
             body["NextPageLink"] = (
-                f"{self.url}{PRICES_PATH}?$filter={quote(expression)}"
-                f"&$skip={skip + self.price_page_size}"
+                f"{self.prices_url}?$filter={quote(expression)}&$skip={skip + self.price_page_size}"
             )
         return Reply(200, body)
 
@@ -830,9 +903,12 @@ def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
             query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            with emulator.lock:
-                emulator.requests.append((method, parts.path))
-            reply = self._route(method, parts.path, query, raw)
+            if parts.path == IDENTITY_PATH and method == "GET":
+                reply = emulator.identity(query, self.headers.get("X-IDENTITY-HEADER", ""))
+            else:
+                with emulator.lock:
+                    emulator.requests.append((method, parts.path))
+                reply = self._route(method, parts.path, query, raw)
             if reply.drop:
                 self.close_connection = True
                 return
@@ -858,8 +934,13 @@ def _handler(emulator: ArmEmulator) -> type[BaseHTTPRequestHandler]:
                     "AuthenticationFailed",
                     "Authentication failed. The 'Authorization' header is missing.",
                 )
+            token = auth.removeprefix("Bearer ")
             with emulator.lock:
-                emulator.tokens.add(auth.removeprefix("Bearer "))
+                if token not in emulator.issued:
+                    return error_reply(
+                        401, "InvalidAuthenticationToken", "The access token is invalid."
+                    )
+                emulator.tokens.add(token)
             if "api-version" not in query:
                 return error_reply(
                     400,
@@ -917,7 +998,7 @@ class AzureWorld:
             "subscription_id": SUBSCRIPTION,
             "resource_group": RESOURCE_GROUP,
             "endpoint": self.emulator.url,
-            "retail_prices_url": f"{self.emulator.url}{PRICES_PATH}",
+            "retail_prices_url": self.emulator.prices_url,
             "polling_interval_s": 0.01,
             "operation_timeout_s": 10.0,
             **extra,
@@ -977,11 +1058,113 @@ class AzureWorld:
 
 
 @pytest.fixture(scope="session")
-def azure_emulator() -> Iterator[ArmEmulator]:
-    emulator = ArmEmulator()
+def azure_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArmEmulator]:
+    """The emulator, and for the session (subprocesses included) the environment through which
+    ``DefaultAzureCredential`` gets its tokens from it."""
+    emulator = ArmEmulator(directory=tmp_path_factory.mktemp("arm"))
     emulator.start()
-    yield emulator
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in emulator.environment().items():
+            if value is None:
+                patch.delenv(name, raising=False)
+            else:
+                patch.setenv(name, value)
+        yield emulator
     emulator.stop()
+
+
+class _TlsServer(ThreadingHTTPServer):
+    """A threading HTTP server that speaks TLS, each handshake in its request's own thread (a
+    slow client never holds up the accept loop)."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        context: ssl.SSLContext,
+    ) -> None:
+        super().__init__(address, handler)
+        self.context = context
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            tls = self.context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            tls.close()
+
+
+def _tls(directory: Path) -> tuple[Path, ssl.SSLContext]:
+    """A test CA, a certificate for 127.0.0.1 it signs, the server's TLS context, and a CA
+    bundle that trusts the test CA besides the usual ones (so nothing else loses trust)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ARM emulator test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    chain = directory / "server.pem"
+    chain.write_bytes(
+        certificate.public_bytes(pem)
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    bundle = directory / "ca-bundle.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + ca.public_bytes(pem))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    return bundle, context
 
 
 @pytest.fixture

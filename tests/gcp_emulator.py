@@ -13,13 +13,25 @@ names) makes ``count`` VMs, or at least ``minCount``, or none with a capacity er
 ``k`` VMs of a bulk insert fit; with ``leftovers`` the VMs that did are still there when the
 operation fails, as when Compute Engine has not yet deleted what it made.
 
+Authentication is Google's: every API request must carry a bearer token the emulator issued, and
+the provider finds its credentials the standard way, Application Default Credentials. The
+emulator also serves the metadata server a Compute Engine VM or a GKE pod with Workload Identity
+gets its tokens from (``/computeMetadata/v1/...``, ``Metadata-Flavor: Google``), and the session's
+``GCE_METADATA_HOST`` and ``GCE_METADATA_IP`` point google-auth at it, with no key file and no
+gcloud configuration in the way. (An ``authorized_user`` file's ``token_uri`` is ignored by
+google-auth, which always asks Google; with a service-account key google-cloud-compute signs its
+own tokens, and google-auth then looks up the account's access boundary on
+iamcredentials.googleapis.com. The emulator's account is not a ``gserviceaccount.com`` one, so
+google-auth makes no such lookup.)
+
 Faults are injected the way Compute Engine answers: an HTTP error with Google's error body (429
-with ``Retry-After``, 500, 401, 403, quota as 403), an accepted insert whose operation ends
-``DONE`` with an ``error`` (capacity, quota), an operation that stays ``RUNNING`` for a few polls,
-an insert done whose answer is lost (500), a 500 in the middle of a paged listing. Zones can be
-full, capacity can run out after a number of VMs, new VMs can be hidden from reads for a while
-(eventual consistency), and Spot VMs can be preempted (``TERMINATED``, or deleted, with a
-``compute.instances.preempted`` operation).
+with ``Retry-After``, 500, 401, 403, quota as 403; a 401 also makes the metadata server refuse the
+token google-auth then asks for, as when the account is disabled), an accepted insert whose
+operation ends ``DONE`` with an ``error`` (capacity, quota), an operation that stays ``RUNNING``
+for a few polls, an insert done whose answer is lost (500), a 500 in the middle of a paged
+listing. Zones can be full, capacity can run out after a number of VMs, new VMs can be hidden from
+reads for a while (eventual consistency), and Spot VMs can be preempted (``TERMINATED``, or
+deleted, with a ``compute.instances.preempted`` operation).
 """
 
 from __future__ import annotations
@@ -28,11 +40,13 @@ import itertools
 import json
 import random
 import re
+import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -52,6 +66,9 @@ PAGE_SIZE = 3
 BASE = "https://www.googleapis.com/compute/v1"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 PREEMPTED = "compute.instances.preempted"
+METADATA = "/computeMetadata/v1/"
+ACCOUNT = "controller@compute-emulator.internal"  # not a Google service account: no RAB lookup
+SCOPE = "https://www.googleapis.com/auth/compute"
 REGIONS = tuple(sorted({zone.rsplit("-", 1)[0] for zone in ZONES}))
 COLLOCATIONS = ("COLLOCATED", "UNSPECIFIED_COLLOCATION")
 
@@ -241,6 +258,8 @@ class ComputeEmulator:
         self.lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
+        self.issued: set[str] = set()  # access tokens the metadata server handed out
+        self.token_requests = 0
         self.reset()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -258,7 +277,9 @@ class ComputeEmulator:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, headers, payload = emulator.handle(self.command, self.path, raw)
+                status, headers, payload = emulator.handle(
+                    self.command, self.path, raw, self.headers
+                )
                 body = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -280,6 +301,18 @@ class ComputeEmulator:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+    def environment(self, gcloud_config: Path) -> dict[str, str | None]:
+        """What a process needs for Application Default Credentials to find this emulator's
+        metadata server (None: unset): no key file, and an empty gcloud configuration, so that
+        ADC goes on to the metadata server as it does on a VM or a GKE pod."""
+        host = self.url.removeprefix("http://")
+        return {
+            "GOOGLE_APPLICATION_CREDENTIALS": None,
+            "CLOUDSDK_CONFIG": str(gcloud_config),
+            "GCE_METADATA_HOST": host,
+            "GCE_METADATA_IP": host,
+        }
 
     def reset(self) -> None:
         with self.lock:
@@ -305,6 +338,7 @@ class ComputeEmulator:
             self.bulk_members: dict[tuple[str, str], list[str]] = {}
             self.gang_fit: int | None = None
             self.leftovers = False
+            self.refuse_tokens = 0  # token requests to refuse (after an "auth" fault)
 
     # -- what a test may tell it -------------------------------------------------------------
 
@@ -397,16 +431,53 @@ class ComputeEmulator:
 
     # -- HTTP --------------------------------------------------------------------------------
 
-    def handle(self, method: str, target: str, raw: bytes) -> tuple[int, dict[str, str], Any]:
+    def handle(
+        self, method: str, target: str, raw: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], Any]:
         parts = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        headers = headers or {}
         with self.lock:
+            if parts.path == "/" or parts.path.startswith(METADATA):
+                return self._metadata(method, parts.path, headers)
+            bearer = str(headers.get("Authorization", "")).removeprefix("Bearer ")
+            if bearer not in self.issued:
+                refused = refusal("auth", self.retry_after)
+                return refused.status, refused.headers, refused.body
             self.requests.append((method, parts.path))
             try:
                 body = json.loads(raw) if raw else {}
                 return 200, {}, self._route(method, parts.path, query, body)
             except GoogleError as refused:
+                if refused.status == 401:
+                    self.refuse_tokens += 1  # the account itself is refused
                 return refused.status, refused.headers, refused.body
+
+    def _metadata(
+        self, method: str, path: str, headers: Mapping[str, str]
+    ) -> tuple[int, dict[str, str], Any]:
+        """The metadata server's answers google-auth asks for: the ping, the project, the
+        default service account and its access token."""
+        flavor = {"Metadata-Flavor": "Google"}
+        if method != "GET" or headers.get("Metadata-Flavor") != "Google":
+            return 403, flavor, {"error": "Missing Metadata-Flavor:Google header."}
+        # the default account is served under its alias and under its email, as on a VM
+        accounts = [f"{METADATA}instance/service-accounts/{name}/" for name in ("default", ACCOUNT)]
+        if path == "/":
+            return 200, flavor, {}
+        if path == f"{METADATA}project/project-id":
+            return 200, flavor, self.project
+        if path in accounts:
+            return 200, flavor, {"aliases": ["default"], "email": ACCOUNT, "scopes": [SCOPE]}
+        if path in (f"{account}token" for account in accounts):
+            self.token_requests += 1
+            if self.refuse_tokens:
+                self.refuse_tokens -= 1
+                return 403, flavor, {"error": "the service account is disabled"}
+            token = f"ya29.emulator-{secrets.token_urlsafe(16)}"
+            self.issued.add(token)
+            return 200, flavor, {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+        return 404, flavor, {"error": f"{path} is not served here"}
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         prefix = f"/compute/v1/projects/{self.project}/"
@@ -1025,10 +1096,18 @@ class GcpWorld:
 
 
 @pytest.fixture(scope="session")
-def compute_emulator() -> Iterator[ComputeEmulator]:
+def compute_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComputeEmulator]:
+    """The emulator, and for the session (subprocesses included) the environment through which
+    Application Default Credentials find its token endpoint."""
     emulator = ComputeEmulator()
     emulator.start()
-    yield emulator
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in emulator.environment(tmp_path_factory.mktemp("gcloud")).items():
+            if value is None:
+                patch.delenv(name, raising=False)
+            else:
+                patch.setenv(name, value)
+        yield emulator
     emulator.stop()
 
 

@@ -44,7 +44,6 @@ from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUES
 from providers.azure import AzureProvider
 from providers.azure.errors import typed
 from providers.azure.instances import azure_tags, core_tags, vm_name
-from providers.azure.sdk import EMULATOR_TOKEN
 
 FLEET = "fleet-a"
 T4 = "Standard_NC4as_T4_v3"
@@ -142,7 +141,7 @@ def test_spot_vms_carry_spot_settings_and_our_tags_and_only_ours_are_seen_and_de
     }
     azure.terminate([*[i.id for i in listed], "stranger"], "term-1")
     assert [vm.name for vm in emulator.all_vms()] == ["stranger"]
-    assert emulator.tokens == {EMULATOR_TOKEN}, "the fixed test token, over plain HTTP"
+    assert emulator.tokens and emulator.tokens <= emulator.issued, "identity tokens, over TLS"
 
 
 def test_on_demand_vms_are_regular_and_pool_options_reach_the_vm(
@@ -309,7 +308,7 @@ def test_launch_errors_arrive_typed(
         assert "LowPriorityCores" in str(error)
     if isinstance(error, ThrottledError):
         assert error.retry_after_s == RETRY_AFTER_S
-    assert EMULATOR_TOKEN not in str(error)
+    assert not any(token in str(error) for token in emulator.issued)
     assert emulator.live() == []
 
 
@@ -599,13 +598,24 @@ def test_the_core_and_other_providers_import_without_azure_on_the_path() -> None
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr
 
 
-def test_the_test_credential_is_used_only_with_an_endpoint(azure_world: AzureWorld) -> None:
-    emulated = provider(azure_world, [])
-    assert type(emulated.client()._config.credential).__name__ == "EmulatorCredential"
+def test_an_endpoint_changes_where_arm_is_never_how_we_authenticate(
+    azure_world: AzureWorld, emulator: ArmEmulator
+) -> None:
+    """No test-only credential: with an endpoint the provider authenticates as without one, and
+    the emulator is reached through DefaultAzureCredential's own managed identity step."""
+    from azure.identity import DefaultAzureCredential
+
+    emulated = provider(azure_world, [pool()])
     real = AzureProvider.from_config(
         {"subscription_id": SUBSCRIPTION, "resource_group": "rg"}, [], FLEET
     )
-    from azure.identity import DefaultAzureCredential
-
-    assert isinstance(real.client()._config.credential, DefaultAzureCredential)
+    for made in (emulated, real):
+        assert isinstance(made.client()._config.credential, DefaultAzureCredential)
     assert real.client()._config.base_url.rstrip("/") == "https://management.azure.com"
+    assert emulated.client()._config.base_url.rstrip("/") == emulator.url
+
+    asked = emulator.identity_requests
+    assert emulated.list_instances(FLEET) == []
+    assert emulator.identity_requests > asked, "the token came from the identity endpoint"
+    with pytest.raises(InputError, match=r"providers\.azure\.endpoint: .*https://"):
+        AzureProvider.from_config(azure_world.settings(endpoint="http://127.0.0.1:1"), [], FLEET)

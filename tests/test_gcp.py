@@ -8,6 +8,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
+from urllib.request import urlopen
 
 import pytest
 from gcp_emulator import IMAGE, LABEL_VALUE, PROJECT, REGION, ComputeEmulator
@@ -507,6 +509,28 @@ def test_missing_application_default_credentials_is_an_auth_error(
     with pytest.raises(AuthError) as caught:
         gcp_provider.list_instances(FLEET)
     assert caught.value.code == "NoCredentials"
+
+
+def test_an_endpoint_changes_where_compute_engine_is_never_how_we_authenticate(
+    gcp: ComputeEmulator,
+) -> None:
+    """No test-only credential: the emulator refuses a request without a token it issued, and
+    the provider gets its token through Application Default Credentials, from the emulator's
+    metadata server, as on a VM or a GKE pod."""
+    import google.auth
+    from google.auth import compute_engine
+
+    credentials, project = google.auth.default()
+    assert isinstance(credentials, compute_engine.Credentials) and project == PROJECT
+    with pytest.raises(HTTPError) as refused:
+        urlopen(f"{gcp.url}/compute/v1/projects/{PROJECT}/aggregated/instances", timeout=10)
+    assert refused.value.code == 401
+    asked = gcp.token_requests
+    pool = gcp_pool(zones=(ZONE_A,))
+    made = provider(gcp, [pool])
+    made.launch(pool, 1, "req-auth", FLEET)
+    assert [i.request_id for i in made.list_instances(FLEET)] == ["req-auth"]
+    assert gcp.token_requests > asked, "the token came from the metadata server"
 
 
 def test_the_core_and_this_provider_import_without_google_cloud_compute() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import yaml
 from aws_support import REGION as AWS_REGION
-from azure_emulator import POOL_OPTIONS, PRICES_PATH, RESOURCE_GROUP, SUBSCRIPTION, ArmEmulator
+from azure_emulator import POOL_OPTIONS, RESOURCE_GROUP, SUBSCRIPTION, ArmEmulator
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from test_aws_e2e import ours, wait_for
 
@@ -38,7 +38,7 @@ def config(aws: str, gcp: ComputeEmulator, azure: ArmEmulator, work: str, catalo
                 "subscription_id": SUBSCRIPTION,
                 "resource_group": RESOURCE_GROUP,
                 "endpoint": azure.url,
-                "retail_prices_url": f"{azure.url}{PRICES_PATH}",
+                "retail_prices_url": azure.prices_url,
                 "polling_interval_s": 0.01,
                 "operation_timeout_s": 10,
             },

@@ -6,8 +6,9 @@ provider's other modules import without the ``azure`` extra installed.
   off (the controller's bounded retry policy is the only one) and the timeouts and polling
   interval of the settings.
 * Credentials come from ``DefaultAzureCredential`` (environment, workload or managed identity,
-  Azure CLI), never from the config file. Only when ``endpoint`` is set (the test emulator) does
-  the client send a fixed test token instead, over plain HTTP.
+  Azure CLI), never from the config file, and the same way whatever ``endpoint`` is set: a test
+  points the credential chain at its emulator's identity endpoint, as an operator of another cloud
+  points it at theirs. Tokens go only over TLS (the SDK's bearer policy refuses plain HTTP).
 * ``fault`` reads what the SDK raised as plain data, for ``providers.azure.errors`` to say what
   it means to the controller; ``is_not_found`` and ``operation_failed`` read the rest.
 """
@@ -15,7 +16,6 @@ provider's other modules import without the ``azure`` extra installed.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,7 +23,6 @@ from typing import Any, Literal
 from providers.azure.settings import AzureSettings
 
 USER_AGENT = "hybrid-gpu-autoscaler"
-EMULATOR_TOKEN = "emulator-test-token"
 
 
 class ArmClient:
@@ -36,6 +35,7 @@ class ArmClient:
         """The ComputeManagementClient (made once, on first use)."""
         with self._lock:
             if self._client is None:
+                from azure.identity import DefaultAzureCredential
                 from azure.mgmt.compute import ComputeManagementClient
 
                 options: dict[str, Any] = {
@@ -46,31 +46,11 @@ class ArmClient:
                     "user_agent": USER_AGENT,
                 }
                 if self.settings.endpoint is not None:
-                    credential, test_options = _emulator_auth()
-                    options.update(test_options, base_url=self.settings.endpoint)
-                else:
-                    from azure.identity import DefaultAzureCredential
-
-                    credential = DefaultAzureCredential()
+                    options["base_url"] = self.settings.endpoint
                 self._client = ComputeManagementClient(
-                    credential, self.settings.subscription_id, **options
+                    DefaultAzureCredential(), self.settings.subscription_id, **options
                 )
             return self._client
-
-
-def _emulator_auth() -> tuple[Any, dict[str, Any]]:
-    """TEST ONLY, used only when ``endpoint`` is set: a credential object (the client insists on
-    one) and a policy that sends a fixed bearer token, which the SDK's own bearer policy
-    refuses to do over plain HTTP. No real credential is involved."""
-    from azure.core.credentials import AccessToken
-    from azure.core.pipeline.policies import HeadersPolicy
-
-    class EmulatorCredential:
-        def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-            return AccessToken(EMULATOR_TOKEN, int(time.time()) + 3600)
-
-    policy = HeadersPolicy({"Authorization": f"Bearer {EMULATOR_TOKEN}"})
-    return EmulatorCredential(), {"authentication_policy": policy}
 
 
 def is_not_found(exc: BaseException) -> bool:

@@ -2,7 +2,7 @@
 the config.
 
 Credentials are never settings: they come from ``DefaultAzureCredential`` (environment, workload
-or managed identity, Azure CLI).
+or managed identity, Azure CLI), wherever the endpoint points.
 """
 
 from __future__ import annotations
@@ -28,13 +28,21 @@ def _http_url(value: str | None) -> str | None:
     return value.rstrip("/") if value is not None else None
 
 
+def _https_url(value: str | None) -> str | None:
+    if value is not None and not value.startswith("https://"):
+        raise ValueError("expected an https:// URL (ARM's bearer tokens are sent only over TLS)")
+    return value.rstrip("/") if value is not None else None
+
+
 class AzureSettings(_Strict):
     """``providers.azure`` in the controller config."""
 
     subscription_id: str = Field(min_length=1)
     resource_group: str = Field(min_length=1, description="where the fleet's VMs live")
     endpoint: str | None = Field(
-        None, description="an ARM emulator's base URL, for tests: a fixed test token is sent"
+        None,
+        description="an ARM endpoint override (another cloud, an emulator); credentials still "
+        "come from DefaultAzureCredential",
     )
     retail_prices_url: str | None = Field(
         RETAIL_PRICES_URL, description="the Retail Prices API; null to price from the catalog only"
@@ -46,7 +54,8 @@ class AzureSettings(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(30.0, gt=0)
 
-    _urls = field_validator("endpoint", "retail_prices_url")(_http_url)
+    _endpoint = field_validator("endpoint")(_https_url)
+    _prices_url = field_validator("retail_prices_url")(_http_url)
 
 
 class AzurePoolOptions(_Strict):

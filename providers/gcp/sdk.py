@@ -5,8 +5,10 @@ provider's other modules import without the ``gcp`` extra installed.
 * ``ComputeClients`` makes the Compute Engine clients a provider uses, on first use, all with the
   same credentials and options: REST transport, the endpoint override when one is set. Every call
   goes through ``call``, with the SDK's own retries off: the controller's policy is the only one.
-* Credentials come from Application Default Credentials (``google.auth.default()``), never from
-  the config file; a test endpoint is called anonymously.
+* Credentials come from Application Default Credentials (``google.auth.default()``: the file
+  ``GOOGLE_APPLICATION_CREDENTIALS`` names, gcloud's, or the metadata server's), never from the
+  config file, and the same way whatever endpoint is set: a test points ADC at its emulator's
+  token endpoint, as an operator points it at theirs.
 * ``fault`` reads what the SDK raised as plain data, for ``providers.gcp.errors`` to say what it
   means to the controller; ``is_done``, ``is_conflict`` and ``is_not_found`` read the rest.
 """
@@ -64,23 +66,15 @@ class ComputeClients:
         """What every client is made with; the credentials are looked up once (callers hold
         the lock)."""
         if self._common is None:
+            import google.auth
             from google.api_core.client_options import ClientOptions
 
-            credentials: Any
-            if self.settings.endpoint:
-                from google.auth.credentials import AnonymousCredentials
-
-                credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-                options = ClientOptions(api_endpoint=self.settings.endpoint)
-            else:
-                import google.auth
-
-                credentials, _ = google.auth.default(scopes=[SCOPE])
-                options = None
+            credentials, _ = google.auth.default(scopes=[SCOPE])
+            endpoint = self.settings.endpoint
             self._common = {
                 "credentials": credentials,
                 "transport": "rest",
-                "client_options": options,
+                "client_options": ClientOptions(api_endpoint=endpoint) if endpoint else None,
             }
         return self._common
 
