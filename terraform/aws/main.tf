@@ -1,6 +1,6 @@
-# The controller's identity: one role with only the EC2 and SQS actions providers/aws.py,
-# providers/aws_gang.py, providers/aws_notices.py and providers/aws_queue.py call (tests/test_terraform.py checks both
-# directions), trusted by EC2 (instance profile) and/or one Kubernetes service account (IRSA).
+# The controller's identity: one role with only the EC2 and SQS actions the modules of
+# providers/aws/ call (tests/test_terraform.py checks both directions), trusted by EC2 (instance
+# profile) and/or one Kubernetes service account (IRSA).
 
 data "aws_partition" "current" {}
 data "aws_caller_identity" "current" {}
@@ -134,7 +134,7 @@ data "aws_iam_policy_document" "controller" {
     }
   }
 
-  # A gang's cluster placement group (providers/aws_gang.py), made only with our fleet tag and
+  # A gang's cluster placement group (providers/aws/gang.py), made only with our fleet tag and
   # tagged only as it is made. Launching into an existing group is LaunchWithSharedResources.
   statement {
     sid       = "CreateOnlyFleetTaggedPlacementGroups"

@@ -1,9 +1,9 @@
 # The interruption queue: EventBridge delivers the EC2 and AWS Health events that
-# providers/aws_events.py reads, one rule per event kind; only those rules may send to it.
+# providers/aws/events.py reads, one rule per event kind; only those rules may send to it.
 
 locals {
   # detail-type => the rule's event pattern. The detail-types are the ones
-  # providers/aws_events.py handles (tests/test_terraform.py checks they match).
+  # providers/aws/events.py handles (tests/test_terraform.py checks they match).
   event_rules = {
     spot-interruption = {
       description = "EC2 Spot Instance Interruption Warning: two minutes before a spot instance is reclaimed"

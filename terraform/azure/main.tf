@@ -1,6 +1,6 @@
 # The controller's identity on Azure: a user-assigned managed identity with a custom role,
-# scoped to the fleet's resource group, holding only the actions providers/azure.py and providers/azure_gang.py need
-# (tests/test_terraform.py checks both directions), and a second role that may only join the
+# scoped to the fleet's resource group, holding only the actions the modules of providers/azure/
+# need (tests/test_terraform.py checks both directions), and a second role that may only join the
 # pools' subnets, assigned on those subnets alone (they usually live in another group).
 #
 # Azure RBAC cannot condition compute actions on tags, so the fleet tag is enforced by the
@@ -27,7 +27,7 @@ locals {
     "Microsoft.Compute/virtualMachines/delete",
     "Microsoft.Compute/disks/delete",
     "Microsoft.Network/networkInterfaces/delete",
-    # gangs (providers/azure_gang.py): proximity_placement_groups.get and .create_or_update,
+    # gangs (providers/azure/gang.py): proximity_placement_groups.get and .create_or_update,
     # the pool's proximity placement group, read and made when asked, in this resource group
     "Microsoft.Compute/proximityPlacementGroups/read",
     "Microsoft.Compute/proximityPlacementGroups/write",

@@ -1,6 +1,6 @@
 # The controller's identity on GCP: a service account holding a custom role with only the
-# Compute Engine permissions providers/gcp.py and providers/gcp_gang.py need (tests/test_terraform.py checks both
-# directions), bound at the project, and optionally usable from one GKE service account.
+# Compute Engine permissions the modules of providers/gcp/ need (tests/test_terraform.py checks
+# both directions), bound at the project, and optionally usable from one GKE service account.
 #
 # Why project-wide: IAM conditions cannot test a VM's labels, and the provider's VMs get
 # generated names in any zone, so the fleet label cannot be enforced by IAM here; the provider
@@ -12,7 +12,7 @@ locals {
     "compute.instances.list",
     # instances.get: is a VM whose insert answered with an error there after all?
     "compute.instances.get",
-    # instances.insert, and what an insert of providers/gcp.py's VMs needs besides:
+    # instances.insert, and what an insert of providers/gcp/instances.py's VMs needs besides:
     "compute.instances.create",
     "compute.instances.setLabels",    # the VMs are created with the fleet, pool and request labels
     "compute.disks.create",           # each VM's boot disk is created with it
@@ -23,7 +23,7 @@ locals {
     # zoneOperations.wait (an insert's operation) and zoneOperations.list (preemptions)
     "compute.zoneOperations.get",
     "compute.zoneOperations.list",
-    # gangs (providers/gcp_gang.py): instances.bulkInsert is authorised as instances.create;
+    # gangs (providers/gcp/gang.py): instances.bulkInsert is authorised as instances.create;
     # the pool's compact placement policy is read, made when asked, and used by the VMs
     "compute.resourcePolicies.get",
     "compute.resourcePolicies.create",
