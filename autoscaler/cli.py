@@ -256,6 +256,9 @@ def _warn_unknown_models(file: Path, field: str, pools: Sequence[Pool]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from autoscaler.app.assembly import (
+        Mode,
+        Parts,
+        build_controller,
         build_inbox,
         build_journal,
         build_lock,
@@ -271,7 +274,6 @@ def _run(args: argparse.Namespace) -> int:
     from autoscaler.model.logs import configure
     from autoscaler.ops.health import Readiness, StatusServer
     from autoscaler.ops.metrics import Metrics
-    from autoscaler.tick.controller import Controller
 
     configure(args.log_level, json_lines=args.log_format == "json")
     where = str(args.config)
@@ -295,18 +297,16 @@ def _run(args: argparse.Namespace) -> int:
         background.append(StatusServer(metrics.registry, readiness, listen.host, listen.port))
     journal = build_journal(config, dsn, where)
     lock = build_lock(config, dsn)
-    controller = Controller(
-        config,
-        policy,
+    parts = Parts(
         providers,
-        clock,
-        scheduler=wiring.scheduler,
-        signals=wiring.signals,
-        metrics=metrics,
+        wiring.signals,
+        wiring.scheduler,
         checkpoints=inbox.checkpoints if inbox is not None else None,
         journal=journal,
+        metrics=metrics,
         fence=lock.check,
     )
+    controller = build_controller(config, Mode.LIVE, policy, clock, parts).controller
     try:
         return Runner(controller, providers, background, lock, readiness).run(max_ticks=args.ticks)
     finally:

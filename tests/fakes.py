@@ -155,6 +155,33 @@ class FakeNodes:
         return NodeReading(tuple(self.onprem), dict(self.cloud))
 
 
+class SoloLaunches:
+    """A ``FakeCloud`` whose cloud cannot launch a multi-node job's nodes together: it has every
+    provider method but ``launch_gang`` (a capability is declared by having it)."""
+
+    def __init__(self, cloud: FakeCloud) -> None:
+        self.cloud = cloud
+        self.name = cloud.name
+
+    def list_instances(self, fleet_id: str) -> list[Instance]:
+        return self.cloud.list_instances(fleet_id)
+
+    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        return self.cloud.launch(pool, count, request_id, fleet_id)
+
+    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
+        self.cloud.terminate(instance_ids, request_id)
+
+    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]:
+        return self.cloud.prices(pools)
+
+    def poll_notices(self) -> list[InterruptionNotice]:
+        return self.cloud.poll_notices()
+
+    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
+        self.cloud.acknowledge(notices)
+
+
 @dataclass
 class FakeScheduler:
     placements: list[Placement] = field(default_factory=list)
@@ -241,6 +268,8 @@ def rig(
     journal: Journal | None = None,
     fence: Callable[[int], None] | None = None,
     metrics: Metrics | None = None,
+    registration_timeout_s: float | None = None,
+    gangs: bool = True,
 ) -> Rig:
     clock = ManualClock(1_000_000.0)
     cloud = FakeCloud(
@@ -254,11 +283,14 @@ def rig(
         pools=tuple(pools),
         limits=Limits(**(limits or {})),
         capacity_cache_ttl_s=capacity_cache_ttl_s,
+        # FakeNodes reports only the cloud nodes a test says joined; the registration rule
+        # has its own tests (test_registration.py)
+        registration_timeout_s=registration_timeout_s,
     )
     controller = Controller(
         config,
         policy or CostAwarePolicy(),
-        {"fake": cloud},
+        {"fake": cloud if gangs else SoloLaunches(cloud)},
         clock,
         [queue],
         nodes,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.fleet.instances import ALLOWED, IllegalTransitionError, InstanceTable
+from autoscaler.fleet.instances import (
+    ALLOWED,
+    IllegalTransitionError,
+    InstanceRecord,
+    InstanceTable,
+    Launched,
+    Moved,
+)
 from autoscaler.model import Instance, InstanceState
 
 S = InstanceState
@@ -12,6 +19,12 @@ S = InstanceState
 
 def instance(instance_id: str, state: InstanceState = S.PENDING, pool: str = "p") -> Instance:
     return Instance(id=instance_id, pool=pool, state=state, launched_at=0.0, request_id="r", gpus=1)
+
+
+def launch(table: InstanceTable, item: Instance, provider: str, now: float) -> InstanceRecord:
+    record = table.apply(Launched(item, provider), now)
+    assert record is not None
+    return record
 
 
 def test_every_state_but_terminated_can_end_and_terminated_is_final() -> None:
@@ -24,20 +37,20 @@ def test_every_state_but_terminated_can_end_and_terminated_is_final() -> None:
 
 def test_illegal_moves_raise_and_history_keeps_every_move() -> None:
     table = InstanceTable()
-    record = table.record_launch(instance("i-1"), "aws", now=0.0)
-    record.move(S.RUNNING, 10.0, "booted")
-    record.move(S.DRAINING, 20.0, "idle")
+    record = launch(table, instance("i-1"), "aws", 0.0)
+    table.apply(Moved(record.id, S.RUNNING, "booted"), 10.0)
+    table.apply(Moved(record.id, S.DRAINING, "idle"), 20.0)
     with pytest.raises(IllegalTransitionError):
-        record.move(S.RUNNING, 30.0)
+        table.apply(Moved(record.id, S.RUNNING, ""), 30.0)
     assert [h[0] for h in record.history] == [S.PENDING, S.RUNNING, S.DRAINING]
     assert record.drain_started_at == 20.0
 
 
 def test_sync_follows_the_cloud_adopts_strangers_and_notices_what_vanished() -> None:
     table = InstanceTable(request_timeout_s=600)
-    table.record_launch(instance("booting"), "aws", now=0.0)
-    table.record_launch(instance("requested", S.REQUESTED), "aws", now=0.0)
-    table.record_launch(instance("gone"), "aws", now=0.0)
+    launch(table, instance("booting"), "aws", 0.0)
+    launch(table, instance("requested", S.REQUESTED), "aws", 0.0)
+    launch(table, instance("gone"), "aws", 0.0)
     report = table.sync(
         [("aws", instance("booting", S.RUNNING)), ("aws", instance("adopted", S.RUNNING))],
         now=60.0,
@@ -53,8 +66,8 @@ def test_sync_follows_the_cloud_adopts_strangers_and_notices_what_vanished() -> 
 
 def test_a_provider_that_failed_to_list_keeps_its_records() -> None:
     table = InstanceTable()
-    table.record_launch(instance("i-aws"), "aws", now=0.0)
-    table.record_launch(instance("i-gcp"), "gcp", now=0.0)
+    launch(table, instance("i-aws"), "aws", 0.0)
+    launch(table, instance("i-gcp"), "gcp", 0.0)
     report = table.sync(
         [("aws", instance("i-aws", S.RUNNING))], now=5000.0, providers_listed={"aws"}
     )
@@ -64,8 +77,8 @@ def test_a_provider_that_failed_to_list_keeps_its_records() -> None:
 
 def test_controller_states_are_not_undone_by_a_listing() -> None:
     table = InstanceTable()
-    record = table.record_launch(instance("i", S.RUNNING), "aws", now=0.0)
-    record.move(S.DRAINING, 1.0)
+    record = launch(table, instance("i", S.RUNNING), "aws", 0.0)
+    table.apply(Moved(record.id, S.DRAINING, ""), 1.0)
     table.sync([("aws", instance("i", S.RUNNING))], now=2.0, providers_listed={"aws"})
     assert record.state is S.DRAINING
     table.sync([("aws", instance("i", S.TERMINATED))], now=3.0, providers_listed={"aws"})

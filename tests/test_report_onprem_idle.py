@@ -5,7 +5,6 @@ Markdown and HTML."""
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 import json
@@ -20,7 +19,7 @@ from autoscaler.model import Capacity
 from autoscaler.model.clock import ManualClock
 from autoscaler.report.build import build_report
 from autoscaler.report.render import render_html, render_markdown
-from autoscaler.sim.engine import SimResult, TickSeen, prepare, simulate
+from autoscaler.sim.engine import TickSeen, prepare, simulate
 from autoscaler.sim.scenario import load_scenario
 from autoscaler.sim.scheduler import SimJob, SimScheduler
 from autoscaler.sim.trace import TraceJob
@@ -167,14 +166,6 @@ def scenario(tmp_path: Path) -> Path:
     return path
 
 
-def handed_on(result: SimResult, idle_s: float) -> SimResult:
-    """The replay with the scheduler's figure in ``SimResult.onprem_idle_gpu_s``, as
-    ``simulate`` hands it on (set here too, so the test holds whichever engine is in the tree)."""
-    replayed = copy.copy(result)
-    vars(replayed)["onprem_idle_gpu_s"] = idle_s
-    return replayed
-
-
 def test_the_report_shows_onprem_gpu_hours_allocated_but_idle_per_policy(tmp_path: Path) -> None:
     prepared = prepare(load_scenario(scenario(tmp_path)))
     seen: list[SimScheduler] = []
@@ -188,7 +179,8 @@ def test_the_report_shows_onprem_gpu_hours_allocated_but_idle_per_policy(tmp_pat
     (scheduler,) = seen
     idle_s = scheduler.accounting.onprem_idle_gpu_s
     assert idle_s == pytest.approx(2 * 1800 + 2 * 1200), "the busy job's 10 minutes are not idle"
-    report = build_report(prepared, [handed_on(result, idle_s)], [])
+    assert result.onprem_idle_gpu_s == idle_s, "simulate hands the scheduler's figure on"
+    report = build_report(prepared, [result], [])
     (policy,) = report.policies
     assert policy.gpu_hours.onprem_allocated_idle == pytest.approx(6000 / 3600, abs=0.01)
     raw = json.loads(report.model_dump_json())

@@ -257,8 +257,7 @@ def test_a_gang_is_bought_whole_in_one_pool_or_not_at_all() -> None:
 
 def test_a_provider_that_cannot_launch_gangs_is_refused_not_half_used() -> None:
     plan = Plan(launches=(LaunchRequest(pool="p", count=2, shape=NodeShape(gpus=8), gang_size=2),))
-    t = rig([pool("p", gpus=8)], {"p": 1.0}, policy=Scripted(plan))
-    t.cloud.__dict__["launch_gang"] = None  # this cloud has no gang launches
+    t = rig([pool("p", gpus=8)], {"p": 1.0}, policy=Scripted(plan), gangs=False)
     report = t.controller.tick()
     assert [(a.outcome, a.done) for a in report.actions if a.kind == "launch"] == [("refused", 0)]
     assert not t.cloud.instances

@@ -1,5 +1,10 @@
-"""Building the live controller's parts from its config: providers and sources are found through
-their entry point groups, and each checks its own settings.
+"""The one assembly of the controller, for every mode (``build_controller``), and the live parts
+it is built from: providers and sources are found through their entry point groups, and each
+checks its own settings.
+
+``live`` acts through the clouds and the scheduler; ``plan`` is the same tick with an executor
+that records instead (``autoscaler.app.recording``); ``sim`` plugs in the simulator's clouds and
+scheduler. Only the parts differ: the controller, its rules, guard and act are the same code.
 
 A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; a source class
 ``from_config(settings, name)``, returning an object whose methods say which roles it can play
@@ -15,10 +20,14 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from autoscaler.app.recording import Recorded, recording_provider, recording_scheduler
+from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model.clock import Clock
 from autoscaler.model.config import ControllerConfig, LeaderKind, SourceRole
@@ -28,12 +37,83 @@ from autoscaler.model.secrets import read_secret_env
 from autoscaler.ops.inbox import InboxServer, NoticeInbox
 from autoscaler.ops.journal import Journal, JournalError, open_journal
 from autoscaler.ops.leader import LeaderLock, SoleReplica
+from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
-from autoscaler.spi.provider import Provider
+from autoscaler.spi.provider import Closable, Provider
 from autoscaler.spi.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
+from autoscaler.tick.controller import Controller
 from autoscaler.tick.observe import Signals
+from autoscaler.tick.retry import RetryPolicy
 
 SOURCE_GROUP = "gpu_autoscaler.sources"
+
+
+class Mode(StrEnum):
+    LIVE = "live"
+    PLAN = "plan"
+    SIM = "sim"
+
+
+@dataclass
+class Parts:
+    """What a mode plugs into the controller: the clouds, the signals observe reads and the
+    scheduler act drains and requeues through; the journal, metrics and leader fence where the
+    mode has them."""
+
+    providers: Mapping[str, Provider]
+    signals: Signals
+    scheduler: WorkloadScheduler | None = None
+    checkpoints: CheckpointLedger | None = None
+    journal: Journal | None = None
+    metrics: Metrics | None = None
+    fence: Callable[[int], None] | None = None
+
+
+@dataclass
+class Assembled:
+    controller: Controller
+    recorded: Recorded | None = None
+
+
+def build_controller(
+    config: ControllerConfig,
+    mode: Mode,
+    policy: Policy,
+    clock: Clock,
+    parts: Parts,
+    *,
+    incarnation: str | None = None,
+    retry: RetryPolicy | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Assembled:
+    """The controller for ``mode``. In plan mode every provider and the scheduler are wrapped
+    to record what the tick would change, and nothing is journaled, fenced or exported."""
+    providers = parts.providers
+    scheduler = parts.scheduler
+    recorded: Recorded | None = None
+    journal, metrics, fence = parts.journal, parts.metrics, parts.fence
+    if mode is Mode.PLAN:
+        recorded = Recorded()
+        providers = {n: recording_provider(p, clock, recorded) for n, p in providers.items()}
+        if scheduler is not None:
+            scheduler = recording_scheduler(scheduler, recorded)
+        journal, metrics, fence = None, None, None
+    controller = Controller(
+        config,
+        policy,
+        providers,
+        clock,
+        scheduler=scheduler,
+        signals=parts.signals,
+        incarnation=incarnation,
+        retry=retry,
+        timer=timer,
+        metrics=metrics,
+        checkpoints=parts.checkpoints,
+        journal=journal,
+        fence=fence,
+    )
+    return Assembled(controller, recorded)
 
 
 def build_providers(config: ControllerConfig, where: str = "config") -> dict[str, Provider]:
@@ -85,14 +165,18 @@ def check_config(config: ControllerConfig, where: str = "config") -> None:
     close_all([*wiring.signals.queues, *wiring.signals.telemetry])
 
 
-def close_all(parts: Iterable[object]) -> None:
-    """Close each part once (a source playing two roles is listed twice)."""
+def close_all(parts: Iterable[object], *, quiet: bool = False) -> None:
+    """Close each part once (a source playing two roles is listed twice); ``quiet`` goes on
+    past a part whose close fails (plan mode: a failed close must not hide the plan)."""
     closed: set[int] = set()
     for part in parts:
-        close = getattr(part, "close", None)
-        if callable(close) and id(part) not in closed:
+        if isinstance(part, Closable) and id(part) not in closed:
             closed.add(id(part))
-            close()
+            try:
+                part.close()
+            except Exception:
+                if not quiet:
+                    raise
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """``gpu-autoscaler plan``: one read-only tick against the real queue, telemetry and clouds.
 
 An operator wants to see what the controller would do, and what it would cost, before letting
-it act, or beside one that already runs. So this builds the controller's parts from the same
-config, observes once, asks the policy and the guard, and previews act without calling it.
-Nothing that changes the world is reachable: providers are wrapped so that launch, terminate
-and acknowledge raise; no notice inbox, metrics server or workload-scheduler action is started.
-Interruption notices are not read either: taking a message off the AWS interruption queue
-hides it from the running controller, and GCP and Azure notices come from the node agents.
+it act, or beside one that already runs. So this builds the controller from the same config by
+the same assembly (``build_controller`` in plan mode) and runs one real tick — observe, the
+policy, the controller's rules, the guard and act — with an executor that records every change
+instead of making it (``autoscaler.app.recording``): there is no copy of act's walk to drift.
+No notice inbox, metrics server, journal or leader lock is started. Interruption notices are
+not read either: taking a message off the AWS interruption queue hides it from the running
+controller, and GCP and Azure notices come from the node agents.
 
 A failed source or listing does not end the run: the plan says which one failed and that its
 demand or supply is unknown, and exits 0, since a degraded plan still shows most of the picture;
@@ -16,21 +17,29 @@ demand or supply is unknown, and exits 0, since a degraded plan still shows most
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autoscaler.app.assembly import build_providers, build_signals, load_configured_policy
-from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
-from autoscaler.fleet.instances import InstanceTable
-from autoscaler.model import FleetView, Instance, InterruptionNotice, Plan, Pool, PriceQuote
+from pydantic import Field
+
+from autoscaler.app.assembly import (
+    Mode,
+    Parts,
+    build_controller,
+    build_providers,
+    build_signals,
+    close_all,
+    load_configured_policy,
+)
+from autoscaler.app.preview import LaunchPreview, Preview, Value, preview
 from autoscaler.model.clock import Clock, SystemClock
 from autoscaler.model.config import ControllerConfig, load_config
-from autoscaler.model.errors import InputError, describe
+from autoscaler.model.errors import InputError
 from autoscaler.model.logs import configure
+from autoscaler.model.records import TickReport
 from autoscaler.model.secrets import (
     register_config_secrets,
     register_environment_secrets,
@@ -38,12 +47,9 @@ from autoscaler.model.secrets import (
     scrub_strings,
     scrubbed_error,
 )
-from autoscaler.spi.policy import Policy
-from autoscaler.spi.provider import LaunchResult, Provider
-from autoscaler.spi.sources import CheckpointingScheduler
-from autoscaler.tick.guard import GuardMemory, guard, validate_plan
-from autoscaler.tick.observe import Observation, Observer
-from autoscaler.tick.preview import LaunchPreview, Preview, Value, preview
+from autoscaler.tick.budget import hours_to_month_end
+from autoscaler.tick.intents import Intents
+from autoscaler.tick.observe import Observation
 
 NOTES = (
     "read-only: nothing was launched, terminated, tagged, drained or requeued",
@@ -51,48 +57,6 @@ NOTES = (
     "Azure notices come from node agents)",
     "cool-downs and the capacity cache start empty, as in a controller that has just started",
 )
-
-
-class MutationRefusedError(RuntimeError):
-    """Plan mode reached a call that would change a cloud: a bug, stopped before it happens."""
-
-
-class ReadOnlyProvider:
-    """A provider with only its reads left. The plan path never calls the others; if it ever
-    did, the call raises here instead of reaching the cloud. A provider whose listing can repair
-    things (Azure deletes VMs whose create failed) is told to only look, via ``read_only``."""
-
-    def __init__(self, inner: Provider) -> None:
-        self.name = inner.name
-        self._inner = inner
-        if hasattr(inner, "read_only"):
-            inner.read_only = True
-
-    def list_instances(self, fleet_id: str) -> list[Instance]:
-        return self._inner.list_instances(fleet_id)
-
-    def prices(self, pools: Sequence[Pool]) -> list[PriceQuote]:
-        return self._inner.prices(pools)
-
-    def poll_notices(self) -> list[InterruptionNotice]:
-        return []
-
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
-
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        raise MutationRefusedError(f"plan mode never launches (pool {pool.name})")
-
-    def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
-        raise MutationRefusedError("plan mode never terminates")
-
-    def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
-        raise MutationRefusedError("plan mode never acknowledges notices")
-
-    def close(self) -> None:
-        close = getattr(self._inner, "close", None)
-        if callable(close):
-            close()
 
 
 class SourceState(Value):
@@ -123,6 +87,12 @@ class PlanReport(Preview):
     unlisted_providers: tuple[str, ...]
     sources: tuple[SourceState, ...]
     problems: tuple[str, ...]
+    hours_left_in_month: float
+    month_end_run_cost: float | None = Field(
+        description="the fleet after this plan, run to the month's end at today's prices; "
+        "this month's spend so far (in the journal) comes on top"
+    )
+    monthly_cap: float | None = None
     notes: tuple[str, ...] = NOTES
 
 
@@ -146,43 +116,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
-    """One observation, decision and guard from the config at ``path``; bad config raises
-    ``InputError`` before anything is read. Every ``*_env`` field's variable is read and its
-    value registered as a secret first (a name that is a pasted secret is refused unechoed)."""
+    """One real tick, recorded, from the config at ``path``; bad config raises ``InputError``
+    before anything is read. Every ``*_env`` field's variable is read and its value registered
+    as a secret first (a name that is a pasted secret is refused unechoed)."""
     where = str(path)
     config = load_config(path)
     register_environment_secrets()
     register_config_secrets(config, where)
     policy = load_configured_policy(config, where)
-    providers = {name: ReadOnlyProvider(p) for name, p in build_providers(config, where).items()}
+    providers = build_providers(config, where)
     wiring = build_signals(config, where)
     try:
-        jobs = (
-            wiring.scheduler
-            if isinstance(wiring.scheduler, CheckpointingScheduler)
-            and config.interruptions.checkpoint_aware
-            else None
-        )
-        observer = Observer(
+        controller = build_controller(
             config,
-            providers,
-            wiring.signals,
-            InstanceTable(request_timeout_s=config.request_timeout_s),
-            CapacityCache(config.capacity_cache_ttl_s),
-            InterruptionHistory(config.risky_pool_ttl_s),
-            jobs,
-        )
-        observation = observer.observe((clock or SystemClock()).now(), 0, None)
+            Mode.PLAN,
+            policy,
+            clock or SystemClock(),
+            Parts(providers, wiring.signals, wiring.scheduler),
+        ).controller
+        try:
+            tick = controller.tick()
+        finally:
+            controller.close()
+        observation, intents = controller.last_observation, controller.last_intents
+        assert observation is not None and intents is not None  # set by every tick
     finally:
-        _close([*providers.values(), *wiring.signals.queues, *wiring.signals.telemetry])
-    return _report(config, policy, observation)
+        close_all(
+            [*providers.values(), *wiring.signals.queues, *wiring.signals.telemetry], quiet=True
+        )
+    return _report(config, tick, observation, intents)
 
 
-def _report(config: ControllerConfig, policy: Policy, observation: Observation) -> PlanReport:
-    view = observation.view
-    plan, held = _decide(policy, view)
-    guarded = guard(plan, view, config.limits, GuardMemory())
-    shown = preview(view, guarded, observation.failed_providers)
+def _report(
+    config: ControllerConfig, tick: TickReport, observation: Observation, intents: Intents
+) -> PlanReport:
+    view = tick.view
+    hours = hours_to_month_end(view.now)
+    held = f"{tick.held}; the fleet would be held" if tick.held else None
+    shown = preview(view, intents, observation.failed_providers)
     demand = view.demand
     problems = tuple(observation.errors) + ((held,) if held else ())
     return PlanReport(
@@ -192,7 +163,7 @@ def _report(config: ControllerConfig, policy: Policy, observation: Observation) 
         at=view.now,
         complete=not problems and shown.cost_complete,
         held=held,
-        reason=plan.reason,
+        reason=tick.plan.reason,
         demand=DemandSummary(
             known=demand.known,
             jobs=demand.jobs,
@@ -207,23 +178,12 @@ def _report(config: ControllerConfig, policy: Policy, observation: Observation) 
             for (kind, name), ok in sorted(observation.source_status.items())
         ),
         problems=problems,
+        hours_left_in_month=round(hours, 3),
+        month_end_run_cost=round(shown.cost_per_hour_after * hours, 2)
+        if shown.cost_complete
+        else None,
+        monthly_cap=config.limits.max_cost_per_month,
     )
-
-
-def _decide(policy: Policy, view: FleetView) -> tuple[Plan, str | None]:
-    """The policy's plan, or, as the controller does when a policy fails, none (held)."""
-    try:
-        return validate_plan(policy.decide(view), view), None
-    except Exception as exc:
-        return Plan(reason="held"), f"policy failed: {describe(exc)}; the fleet would be held"
-
-
-def _close(parts: Sequence[object]) -> None:
-    for part in parts:
-        close = getattr(part, "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):  # a failed close must not hide the plan
-                close()
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -241,7 +201,7 @@ def render(report: PlanReport) -> str:
     ]
     if report.held:
         lines.append(f"HELD: {report.held}")
-    lines += ["", *_pool_table(report), ""]
+    lines += ["", *_pool_table(report), "", _month_line(report), ""]
     lines += _section("launches", [_launch_line(launch) for launch in report.launches])
     lines += _section(
         "drains",
@@ -265,6 +225,19 @@ def render(report: PlanReport) -> str:
     if report.problems:
         lines += _section("problems", list(report.problems))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _month_line(report: PlanReport) -> str:
+    """The projection the guard holds under ``limits.max_cost_per_month``, as far as plan mode
+    can tell it: it reads no journal, so this month's spend so far is added by the reader."""
+    run = _money(report.month_end_run_cost)
+    line = (
+        f"projected month-end: {run} for this fleet to the month's end "
+        f"({report.hours_left_in_month:,.0f} h left), plus this month's spend so far (journal)"
+    )
+    if report.monthly_cap is not None:
+        line += f"; limits.max_cost_per_month is ${report.monthly_cap:,.2f}"
+    return line
 
 
 def _demand_line(report: PlanReport) -> str:

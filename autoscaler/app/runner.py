@@ -29,7 +29,7 @@ from autoscaler.model.records import LeadershipLost, TickReport
 from autoscaler.ops.health import Readiness
 from autoscaler.ops.leader import LeaderLock, SoleReplica
 from autoscaler.ops.metrics import Metrics
-from autoscaler.spi.provider import Provider
+from autoscaler.spi.provider import Closable, Provider, WatchesInBackground
 from autoscaler.spi.wakeups import TallyCollector, Wakeups
 from autoscaler.tick.controller import Controller
 
@@ -90,9 +90,8 @@ class Runner:
         self._count_inputs()
         try:
             for provider in self.providers.values():
-                start = getattr(provider, "start", None)
-                if callable(start):
-                    start(self.wakeups)
+                if isinstance(provider, WatchesInBackground):
+                    provider.start(self.wakeups)
             for service in self.background:
                 service.start(self.wakeups)
                 started_background.append(service)
@@ -126,9 +125,8 @@ class Runner:
             for service in started_background:
                 service.close()
             for provider in self.providers.values():
-                close = getattr(provider, "close", None)
-                if callable(close):
-                    close()
+                if isinstance(provider, Closable):
+                    provider.close()
         log.info("controller stopped after %d tick(s)", done)
         return 0
 

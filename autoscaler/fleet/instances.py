@@ -1,10 +1,15 @@
 """The instance table: one record per cloud instance we own, with the moves it may make.
 
 After Ray autoscaler v2's instance manager: the lifecycle is a table of allowed transitions with
-timestamps, and passive sync (mirror what the cloud lists) is kept apart from the active step
-(decide and act). The cloud stays the source of truth: after a restart the table is rebuilt by
-listing, and an instance tagged ours that no record explains is adopted, or collected when its
-pool is no longer configured.
+timestamps, and the table has one writer, ``InstanceTable.apply``, which takes typed updates
+(``Launched``, ``Moved``) and checks each against the transition table. Passive sync (mirror what
+the cloud lists) and the active step (act's results) both produce updates; neither touches a
+record. The cloud stays the source of truth: after a restart the table is rebuilt by listing,
+and an instance tagged ours that no record explains is adopted, or collected when its pool is no
+longer configured.
+
+The state predicates every step asks (live, billed, drainable, holds capacity) live here too, so
+that "what do we pay for" has one answer.
 """
 
 from __future__ import annotations
@@ -12,9 +17,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from autoscaler.model import LIVE_STATES, Instance, InstanceState
+from autoscaler.model import (
+    BILLED_STATES,
+    CAPACITY_STATES,
+    DRAINABLE_STATES,
+    LIVE_STATES,
+    Instance,
+    InstanceState,
+)
 
 S = InstanceState
+
+
+def is_billed(state: InstanceState) -> bool:
+    return state in BILLED_STATES
+
+
+def is_drainable(state: InstanceState) -> bool:
+    return state in DRAINABLE_STATES
+
+
+def holds_capacity(state: InstanceState) -> bool:
+    return state in CAPACITY_STATES
+
 
 ALLOWED: dict[InstanceState, frozenset[InstanceState]] = {
     S.REQUESTED: frozenset({S.PENDING, S.RUNNING, S.DRAINING, S.TERMINATING, S.TERMINATED}),
@@ -50,7 +75,8 @@ class InstanceRecord:
     interrupt_deadline: float | None = None
     move_jobs: bool = False
 
-    def move(self, state: InstanceState, now: float, reason: str = "") -> None:
+    def _move(self, state: InstanceState, now: float, reason: str = "") -> None:
+        """Only ``InstanceTable.apply`` moves a record."""
         if state is self.state:
             return
         if state not in ALLOWED[self.state]:
@@ -64,6 +90,30 @@ class InstanceRecord:
     @property
     def live(self) -> bool:
         return self.state in LIVE_STATES
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launch call returned this instance (or a listing showed one no record explains)."""
+
+    instance: Instance
+    provider: str
+    reason: str = "launched"
+
+
+@dataclass(frozen=True)
+class Moved:
+    """An instance moves to ``state``; ``deadline`` is when the cloud takes an interrupted one
+    back, ``move_jobs`` whether a drained one's jobs are asked to leave at once."""
+
+    instance_id: str
+    state: InstanceState
+    reason: str
+    deadline: float | None = None
+    move_jobs: bool | None = None
+
+
+InstanceUpdate = Launched | Moved
 
 
 @dataclass(frozen=True)
@@ -90,7 +140,24 @@ class InstanceTable:
     def live(self) -> Iterator[InstanceRecord]:
         return (r for r in self._records.values() if r.state in LIVE_STATES)
 
-    def record_launch(self, instance: Instance, provider: str, now: float) -> InstanceRecord:
+    def apply(self, update: InstanceUpdate, now: float) -> InstanceRecord | None:
+        """The one way a record is made or changed. A move the transition table does not allow
+        raises ``IllegalTransitionError``; a move of an unknown instance is ignored (None)."""
+        if isinstance(update, Launched):
+            return self._launched(update.instance, update.provider, now, update.reason)
+        record = self._records.get(update.instance_id)
+        if record is None:
+            return None
+        record._move(update.state, now, update.reason)
+        if update.deadline is not None:
+            record.interrupt_deadline = update.deadline
+        if update.move_jobs is not None:
+            record.move_jobs = update.move_jobs
+        return record
+
+    def _launched(
+        self, instance: Instance, provider: str, now: float, reason: str
+    ) -> InstanceRecord:
         existing = self._records.get(instance.id)
         if existing is not None:
             return existing
@@ -106,7 +173,7 @@ class InstanceTable:
             state=state,
             launched_at=instance.launched_at,
             updated_at=now,
-            history=[(state, now, "launched")],
+            history=[(state, now, reason)],
         )
         self._records[instance.id] = record
         return record
@@ -125,11 +192,12 @@ class InstanceTable:
             seen.add(instance.id)
             record = self._records.get(instance.id)
             if record is None:
-                record = self.record_launch(instance, provider, now)
-                record.history[-1] = (record.state, now, "adopted from listing")
+                self.apply(Launched(instance, provider, "adopted from listing"), now)
                 adopted.append(instance.id)
                 continue
-            self._follow_cloud(record, instance.state, now)
+            move = _follow_cloud(record.state, instance.state)
+            if move is not None:
+                self.apply(Moved(record.id, *move), now)
         vanished: list[str] = []
         for record in list(self._records.values()):
             if record.id in seen or record.provider not in providers_listed:
@@ -140,19 +208,24 @@ class InstanceTable:
                 continue
             if record.state is S.REQUESTED and now - record.launched_at < self.request_timeout_s:
                 continue
-            record.move(S.TERMINATED, now, "no longer listed")
+            self.apply(Moved(record.id, S.TERMINATED, "no longer listed"), now)
             vanished.append(record.id)
         return SyncReport(tuple(adopted), tuple(vanished))
 
-    @staticmethod
-    def _follow_cloud(record: InstanceRecord, cloud_state: InstanceState, now: float) -> None:
-        if cloud_state is S.TERMINATED:
-            record.move(S.TERMINATED, now, "cloud says terminated")
-        elif cloud_state is S.TERMINATING and record.state is not S.TERMINATED:
-            record.move(S.TERMINATING, now, "cloud says terminating")
-        elif record.state in _CONTROLLER_STATES:
-            return
-        elif cloud_state is S.RUNNING and record.state in (S.REQUESTED, S.PENDING):
-            record.move(S.RUNNING, now, "cloud says running")
-        elif cloud_state is S.PENDING and record.state is S.REQUESTED:
-            record.move(S.PENDING, now, "cloud says pending")
+
+def _follow_cloud(
+    ours: InstanceState, cloud_state: InstanceState
+) -> tuple[InstanceState, str] | None:
+    """The move a listing asks of a record, if any: the cloud ends and boots instances; the
+    states only the controller knows (draining, interrupted) are never undone by a listing."""
+    if cloud_state is S.TERMINATED:
+        return S.TERMINATED, "cloud says terminated"
+    if cloud_state is S.TERMINATING and ours is not S.TERMINATED:
+        return S.TERMINATING, "cloud says terminating"
+    if ours in _CONTROLLER_STATES:
+        return None
+    if cloud_state is S.RUNNING and ours in (S.REQUESTED, S.PENDING):
+        return S.RUNNING, "cloud says running"
+    if cloud_state is S.PENDING and ours is S.REQUESTED:
+        return S.PENDING, "cloud says pending"
+    return None

@@ -6,6 +6,9 @@ the plumbing every process shares (log lines, secret scrubbing, a small WSGI ser
 Policies import from here and nowhere else in ``autoscaler``."""
 
 from autoscaler.model.domain import (
+    BILLED_STATES,
+    CAPACITY_STATES,
+    DRAINABLE_STATES,
     HOLDING_STATES,
     LIVE_STATES,
     Capacity,
@@ -35,6 +38,9 @@ from autoscaler.model.domain import (
 )
 
 __all__ = [
+    "BILLED_STATES",
+    "CAPACITY_STATES",
+    "DRAINABLE_STATES",
     "HOLDING_STATES",
     "LIVE_STATES",
     "Capacity",

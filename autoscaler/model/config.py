@@ -210,6 +210,9 @@ class ControllerConfig(Frozen):
     risky_pool_ttl_s: NonNegativeFloat = 3600.0
     drain_timeout_s: NonNegativeFloat = 3600.0
     request_timeout_s: PositiveFloat = 600.0
+    # A node not joined to the scheduler this long after its pool's boot time is replaced
+    # (None: never); Karpenter's registration TTL is 15 minutes.
+    registration_timeout_s: NonNegativeFloat | None = 900.0
 
     _document: LocatedDocument | None = PrivateAttr(None)
     _at: Loc = PrivateAttr(())

@@ -155,6 +155,21 @@ LIVE_STATES = frozenset(
         InstanceState.INTERRUPTED,
     }
 )
+# What the clouds bill: from boot until the instance is told to go.
+BILLED_STATES = frozenset(
+    {
+        InstanceState.PENDING,
+        InstanceState.RUNNING,
+        InstanceState.DRAINING,
+        InstanceState.INTERRUPTED,
+    }
+)
+# What a drain may start from: capacity the controller still counts on.
+DRAINABLE_STATES = frozenset(
+    {InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING}
+)
+# Capacity jobs may be placed on, now or once it boots.
+CAPACITY_STATES = DRAINABLE_STATES
 
 
 HOLDING_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})
@@ -549,13 +564,14 @@ class FleetView(Frozen):
     def onprem_gpus_free(self) -> int:
         return sum(n.gpus_free for n in self.onprem)
 
-    def cost_per_hour(self) -> float:
-        """What the live instances cost per hour at this tick's prices."""
+    def cost_per_hour(self, states: frozenset[InstanceState] = BILLED_STATES) -> float:
+        """What the instances in ``states`` cost per hour at this tick's prices: the one
+        definition every step uses (billed now by default; the guard counts every live one,
+        the monthly projection the capacity kept)."""
         total = 0.0
         for name, nodes in self.instances_by_pool.items():
             view = self.pool_by_name.get(name)
             if view is None or view.price is None:
                 continue
-            live = sum(1 for n in nodes if n.state in LIVE_STATES)
-            total += live * view.price.price_per_hour
+            total += sum(1 for n in nodes if n.state in states) * view.price.price_per_hour
         return total

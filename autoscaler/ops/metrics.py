@@ -172,6 +172,12 @@ class Metrics:
             registry=r,
         )
         # interruptions and checkpoints
+        self.registration_timeouts = Counter(
+            "gpu_autoscaler_registration_timeouts",
+            "Cloud nodes terminated because they never joined the scheduler in time, by pool",
+            ["pool"],
+            registry=r,
+        )
         self.interruptions = Counter(
             "gpu_autoscaler_interruptions",
             "Interruption notices acted on, by pool",

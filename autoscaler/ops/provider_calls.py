@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
-from autoscaler.model.errors import InvalidRequest, ProviderError, describe
+from autoscaler.model.errors import ProviderError, describe
 from autoscaler.ops.metrics import Metrics
-from autoscaler.spi.provider import LaunchResult, Provider
+from autoscaler.spi.provider import (
+    Closable,
+    GangLauncher,
+    LaunchResult,
+    Provider,
+    WatchesInBackground,
+)
 
 T = TypeVar("T")
 
@@ -45,9 +51,14 @@ class WatchedProvider:
         self.ledger = ledger
         self._timer = timer
 
-    def __getattr__(self, attribute: str) -> Any:
-        """Lifecycle hooks a provider may have (``start``, ``close``) pass straight through."""
-        return getattr(self.inner, attribute)
+    def start(self, wakeup: Callable[[], None] | None = None) -> None:
+        """Starts the provider's background part, if it has one (``WatchesInBackground``)."""
+        if isinstance(self.inner, WatchesInBackground):
+            self.inner.start(wakeup)
+
+    def close(self) -> None:
+        if isinstance(self.inner, Closable):
+            self.inner.close()
 
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return self._timed("list_instances", lambda: self.inner.list_instances(fleet_id))
@@ -68,22 +79,6 @@ class WatchedProvider:
             count,
             request_id,
             lambda: self.inner.launch(pool, count, request_id, fleet_id),
-        )
-
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        """A multi-node job's instances, all or none, fenced and journaled as any launch is."""
-        gang_launch = getattr(self.inner, "launch_gang", None)
-        if not callable(gang_launch):
-            raise InvalidRequest(
-                f"provider {self.name!r} cannot launch a multi-node job's nodes together",
-                pool=pool.name,
-            )
-        return self._launch(
-            "launch_gang",
-            pool,
-            count,
-            request_id,
-            lambda: gang_launch(pool, count, request_id, fleet_id),
         )
 
     def _launch(
@@ -143,3 +138,40 @@ def _code(error: BaseException | None) -> str:
     if isinstance(error, ProviderError):
         return error.code
     return "error" if error is None else type(error).__name__
+
+
+class WatchedGangProvider(WatchedProvider):
+    """A watched provider whose cloud can launch a multi-node job's nodes together."""
+
+    def __init__(
+        self,
+        inner: GangLauncher,
+        metrics: Metrics | None = None,
+        ledger: MutationLedger | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__(inner, metrics, ledger, timer)  # type: ignore[arg-type]
+        self.gangs = inner
+
+    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+        """A multi-node job's instances, all or none, fenced and journaled as any launch is."""
+        return self._launch(
+            "launch_gang",
+            pool,
+            count,
+            request_id,
+            lambda: self.gangs.launch_gang(pool, count, request_id, fleet_id),
+        )
+
+
+def watch(
+    inner: Provider,
+    metrics: Metrics | None = None,
+    ledger: MutationLedger | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+) -> WatchedProvider:
+    """The watched form of ``inner``, with the capabilities ``inner`` declares and no others:
+    ``launch_gang`` only where its cloud can."""
+    if isinstance(inner, GangLauncher):
+        return WatchedGangProvider(inner, metrics, ledger, timer)
+    return WatchedProvider(inner, metrics, ledger, timer)

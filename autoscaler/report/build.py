@@ -74,12 +74,8 @@ def _timeline(result: SimResult, prepared: Prepared) -> PolicyTimeline:
 
 def onprem_idle_hours(result: SimResult) -> float | None:
     """On-prem GPU-hours allocated while their node read idle, as the replay's scheduler counted
-    them (``Accounting.onprem_idle_gpu_s``); None (unknown, never zero) from a replay that did
-    not pass the figure on."""
-    # ``simulate`` hands the scheduler's figure on as ``SimResult.onprem_idle_gpu_s``; read
-    # defensively until every engine in the tree does.
-    idle_s = getattr(result, "onprem_idle_gpu_s", None)
-    return None if idle_s is None else round(float(idle_s) / HOUR, 2)
+    them (``Accounting.onprem_idle_gpu_s``)."""
+    return round(result.onprem_idle_gpu_s / HOUR, 2)
 
 
 def policy_result(

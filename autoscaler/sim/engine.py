@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoscaler.app.assembly import Mode, Parts, build_controller
 from autoscaler.model import Capacity
 from autoscaler.model.catalog import SpotAdvisor
 from autoscaler.model.clock import ManualClock
@@ -34,6 +35,7 @@ from autoscaler.sim.synthetic import trace_path
 from autoscaler.sim.trace import TraceSelection, load_trace
 from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.tick.controller import Controller
+from autoscaler.tick.observe import Signals
 from autoscaler.tick.retry import RetryPolicy
 
 _ORDER = {
@@ -123,6 +125,7 @@ class SimResult:
     tick_ms: list[float]
     wall_s: float
     timeline: Timeline
+    onprem_idle_gpu_s: float = 0.0
 
 
 def prepare(loaded: LoadedScenario) -> Prepared:
@@ -305,20 +308,22 @@ def simulate(
         policy = load_policy(
             spec.name, spec.params, where=loaded.source, field_prefix=f"policies[{index}].params"
         )
-    controller = Controller(
+    controller = build_controller(
         config,
+        Mode.SIM,
         policy,
-        providers,
         clock,
-        [scheduler],
-        scheduler,
-        scheduler,
+        Parts(
+            providers,
+            Signals(queues=(scheduler,), nodes=scheduler),
+            scheduler,
+            checkpoints=scheduler.checkpoints,
+            journal=journal,
+            metrics=metrics,
+        ),
         incarnation="sim",
         retry=RetryPolicy(attempts=1, sleep=lambda _s: None),
-        checkpoints=scheduler.checkpoints,
-        journal=journal,
-        metrics=metrics,
-    )
+    ).controller
 
     jobs = prepared.selection.jobs
     next_arrival = 0
@@ -407,6 +412,7 @@ def simulate(
         tick_ms=list(tick_ms),
         wall_s=time.perf_counter() - started_wall,
         timeline=timeline,
+        onprem_idle_gpu_s=accounting.onprem_idle_gpu_s,
     )
 
 

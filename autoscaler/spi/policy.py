@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
 from autoscaler.model import FleetView, Plan
-from autoscaler.model.errors import InputError, describe
+from autoscaler.model.errors import InputError
 from autoscaler.model.inputfile import validate_settings
+from autoscaler.model.plugins import installed, load_installed
 
 POLICY_GROUP = "gpu_autoscaler.policies"
 PROVIDER_GROUP = "gpu_autoscaler.providers"
@@ -47,14 +47,6 @@ class Installed:
     distribution: str | None
 
 
-def installed(group: str) -> dict[str, EntryPoint]:
-    """Entry points of ``group`` by name; the first registration of a name wins, as pip would."""
-    found: dict[str, EntryPoint] = {}
-    for entry in sorted(entry_points(group=group), key=lambda e: e.name):
-        found.setdefault(entry.name, entry)
-    return found
-
-
 def describe_installed(group: str) -> list[Installed]:
     return [
         Installed(name, entry.value, entry.dist.name if entry.dist is not None else None)
@@ -63,20 +55,7 @@ def describe_installed(group: str) -> list[Installed]:
 
 
 def load_entry_point(group: str, name: str, what: str) -> Any:
-    entries = installed(group)
-    if name not in entries:
-        choices = ", ".join(sorted(entries)) or "none"
-        raise InputError(
-            "config",
-            f"no {what} named {name!r} is installed; installed: {choices}",
-            field=f"{what}.name",
-        )
-    try:
-        return entries[name].load()
-    except Exception as exc:
-        raise InputError(
-            "config", f"the {what} {name!r} failed to load: {describe(exc)}", field=f"{what}.name"
-        ) from None
+    return load_installed(group, name, what, "config", field=f"{what}.name")
 
 
 def policy_class(name: str) -> PolicyClass:

@@ -6,7 +6,7 @@ calls, idempotent by request id, with failures mapped onto the typed errors in `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -76,3 +76,26 @@ class GangLauncher(Protocol):
     def launch_gang(
         self, pool: Pool, count: int, request_id: str, fleet_id: str
     ) -> LaunchResult: ...
+
+
+@runtime_checkable
+class WatchesInBackground(Protocol):
+    """A provider with a background part (an interruption watcher reading a queue), started
+    once the run loop is up with the callback that wakes it; it stops on ``close``."""
+
+    def start(self, wakeup: Callable[[], None] | None = None) -> None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A provider holding clients or threads to let go when the controller stops."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ListingRepairs(Protocol):
+    """A provider whose listing also repairs (Azure deletes VMs whose create failed); plan mode
+    sets ``read_only`` so that it only looks."""
+
+    read_only: bool

@@ -73,6 +73,13 @@ class TelemetrySource(Protocol):
 
 
 @runtime_checkable
+class ReportsTargets(Protocol):
+    """A telemetry source that reads many targets and can say which of them failed."""
+
+    def target_status(self) -> Mapping[str, str | None]: ...
+
+
+@runtime_checkable
 class WorkloadScheduler(Protocol):
     def apply_placement(self, placement: Placement) -> None: ...
 
@@ -126,6 +133,40 @@ class JobsByNode(Protocol):
     """A scheduler that lists every node's running jobs in one read, not one read per node."""
 
     def running_jobs_by_node(self) -> Mapping[str, Sequence[RunningJob]]: ...
+
+
+@dataclass(frozen=True)
+class HeldOff:
+    """A job moved off ``node`` to make room there for the pending job ``for_job``: the scheduler
+    keeps it off that node until ``for_job`` has started there, has started elsewhere or has left
+    the queue, or the scheduler's own bound on such holds has passed. ``since`` is the wall-clock
+    time of the move."""
+
+    job_id: str
+    node: str
+    for_job: str
+    since: float
+
+
+@runtime_checkable
+class MovesJobsOff(Protocol):
+    """A scheduler that moves running jobs off a node to make room there for a pending job: the
+    live side of ``Placement.rebalance_onprem``.
+
+    The controller picks the jobs (``Placement.movable``) and asks each to checkpoint first
+    through ``CheckpointingScheduler.signal`` (as interruption handling does), then, once the
+    checkpoint is reported or its wait is over, calls ``move_off``. The scheduler lifts each hold
+    by itself in its per-tick ``apply_placement`` once the hold has done its work."""
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        """Requeue ``job_id``, now running on ``node``, and keep it off ``node`` until ``for_job``
+        has started there. Raises ``SourceError`` without requeueing when the job is not running
+        on ``node`` or can only run there."""
+        ...
+
+    def held_off(self) -> Sequence[HeldOff]:
+        """The moves still keeping a job off its node."""
+        ...
 
 
 class GroupKey(NamedTuple):

@@ -1,8 +1,12 @@
-"""Act: turn a guarded plan into provider and scheduler calls, and record every outcome.
+"""Act: carry out the guard's intents through providers and the scheduler, and report every
+outcome. It decides nothing: which instances to drain, end or buy, and how many in which pool,
+came from the policy, the rules and the guard. What happened goes back as records (for the
+journal, metrics and logs) and as typed updates to the fleet memory's one writer.
 
-Launches walk the request's pools in order; a capacity or quota failure is remembered in the
-capacity cache (so the next tick does not ask again) and the remaining GPUs move to the next
-pool in the same tick. Each launch carries a request id unique to this controller incarnation,
+Launches walk each intent's steps: a pool's grant, and, for the nodes an earlier pool of the
+same chain failed to buy, its standby grant. A capacity or quota failure is reported (the fleet
+memory's capacity cache then skips the pool for a while) and moves the unbought nodes down the
+chain in the same tick. Each launch carries a request id unique to this controller incarnation,
 tick and position, which providers use to make a repeated call a no-op.
 """
 
@@ -10,20 +14,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
-from autoscaler.fleet.instances import InstanceRecord, InstanceTable
-from autoscaler.model import (
-    FleetView,
-    InstanceState,
-    InterruptionNotice,
-    LaunchRequest,
-    NoticeKind,
-    Placement,
-    PoolView,
-)
+from autoscaler.fleet.capacity import CapacityCache
+from autoscaler.fleet.instances import Launched, Moved
+from autoscaler.fleet.memory import FleetUpdate, PoolFailed, PoolInterrupted, ScaledDown, ScaledUp
+from autoscaler.model import FleetView, InstanceState, Placement, PoolView
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import (
     AuthError,
@@ -32,21 +29,20 @@ from autoscaler.model.errors import (
     InvalidRequest,
     ProviderError,
     QuotaError,
-    QuotaScope,
     TransientError,
     describe,
 )
 from autoscaler.model.records import ActionRecord, LeadershipLost
-from autoscaler.spi.provider import LaunchResult, Provider
-from autoscaler.spi.sources import WorkloadScheduler
+from autoscaler.spi.provider import GangLauncher, LaunchResult, Provider
+from autoscaler.spi.sources import BulkDrainer, WorkloadScheduler
 from autoscaler.tick.evacuate import Evacuator, JobMove, Move
-from autoscaler.tick.guard import GuardedPlan, GuardMemory, launch_shape, node_slots
+from autoscaler.tick.guard import launch_shape, node_slots
+from autoscaler.tick.intents import ContinueDrain, Intents, Interrupt, LaunchIntent, Note, Terminate
 from autoscaler.tick.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-_DRAINABLE = (InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING)
-INTERRUPTION_GRACE_S = 60.0
+Report = Callable[[FleetUpdate], None]
 
 
 class Actuator:
@@ -54,62 +50,62 @@ class Actuator:
         self,
         config: ControllerConfig,
         providers: Mapping[str, Provider],
-        table: InstanceTable,
         capacity: CapacityCache,
-        history: InterruptionHistory,
-        memory: GuardMemory,
         scheduler: WorkloadScheduler | None,
         incarnation: str,
         retry: RetryPolicy,
-        evacuator: Evacuator | None = None,
+        evacuator: Evacuator | None,
+        report: Report,
     ) -> None:
         self.config = config
         self.providers = providers
-        self.table = table
         self.capacity = capacity
-        self.history = history
-        self.memory = memory
         self.scheduler = scheduler
         self.incarnation = incarnation
         self.retry = retry
         self.evacuator = evacuator
-        self._pools = {p.name: p for p in config.pools}
-        self._scale_down_evacuations: set[str] = set()
+        self.report = report
+        self._now = 0.0
 
-    def act(self, view: FleetView, guarded: GuardedPlan) -> list[ActionRecord]:
+    def act(self, view: FleetView, intents: Intents) -> list[ActionRecord]:
+        self._now = view.now
         records: list[ActionRecord] = []
-        self._apply_placement(guarded.plan.placement, records)
+        self._apply_placement(intents.plan.placement, records)
         interrupted: list[tuple[str, float]] = []
-        at_risk: list[str] = []
-        for notice in view.notices:
-            if self._handle_notice(notice, view.now, records):
-                deadline = notice.deadline if notice.deadline is not None else view.now
-                interrupted.append((notice.instance_id, deadline))
-            elif notice.kind is NoticeKind.REBALANCE:
-                at_risk.append(notice.instance_id)
+        for noticed in intents.notices:
+            if isinstance(noticed, Note):
+                self._note(noticed, records)
+            else:
+                self._interrupt(noticed, records)
+                deadline = noticed.deadline if noticed.deadline is not None else view.now
+                interrupted.append((noticed.instance_id, deadline))
         self._drain_interrupted([node for node, _ in interrupted], records)
-        self._evacuate(interrupted, at_risk, view.now, records)
-        for drain in guarded.drains:
-            record = self.table.get(drain.instance_id)
-            if record is None or record.state not in _DRAINABLE:
-                continue
-            record.move(InstanceState.DRAINING, view.now, drain.reason)
-            record.move_jobs = drain.move_jobs
-            self.memory.last_scale_down[record.pool] = view.now
-            records.append(
-                ActionRecord(
-                    "drain", record.pool, 1, 1, "ok", drain.reason, instance_ids=(record.id,)
+        self._evacuate(interrupted, intents.at_risk, view, records)
+        pools = {n.instance_id: n.pool for n in view.instances}
+        for drain in intents.drains:
+            pool = pools[drain.instance_id]
+            self.report(
+                Moved(
+                    drain.instance_id, InstanceState.DRAINING, drain.reason, None, drain.move_jobs
                 )
             )
-        self._progress_drains(view, records)
-        self._finish_interrupted(view.now, records)
-        self._collect_orphans(view.now, records)
+            self.report(ScaledDown(pool))
+            records.append(
+                ActionRecord(
+                    "drain", pool, 1, 1, "ok", drain.reason, instance_ids=(drain.instance_id,)
+                )
+            )
+        drained = self._progress_drains(view, intents.continuing, records)
+        self._terminate(drained, records)
+        self._terminate(intents.terminations, records)
         failed_providers: set[str] = set()
-        for index, launch in enumerate(guarded.launches):
-            if guarded.allowance.fleet_full():
-                guarded.allowance.note_skipped(guarded.launches[index:])
-                break
-            self._launch(view, guarded, launch, index, failed_providers, records)
+        for intent in intents.launches:
+            if intent.skipped is not None:
+                continue
+            if intent.request.gang_size > 1:
+                self._launch_gangs(view, intent, failed_providers, records)
+            else:
+                self._launch(view, intent, failed_providers, records)
         return records
 
     def _apply_placement(self, placement: Placement, records: list[ActionRecord]) -> None:
@@ -120,80 +116,67 @@ class Actuator:
         except Exception as exc:
             records.append(ActionRecord("placement", None, 1, 0, "error", describe(exc)))
 
-    def _handle_notice(
-        self, notice: InterruptionNotice, now: float, records: list[ActionRecord]
-    ) -> bool:
-        """True when the node is newly interrupted and its jobs must leave before the deadline."""
-        record = self.table.get(notice.instance_id)
-        if record is None or record.state in (
-            InstanceState.INTERRUPTED,
-            InstanceState.TERMINATING,
-        ):
-            return False
-        if record.state is InstanceState.TERMINATED:
-            if not any(state is InstanceState.TERMINATING for state, _, _ in record.history):
-                # gone before we read the notice, and not by our hand: still an interruption
-                self.history.record(record.pool, now)
-                records.append(
-                    ActionRecord(
-                        "interruption",
-                        record.pool,
-                        1,
-                        0,
-                        "gone",
-                        f"{notice.kind} notice for an instance already gone",
-                        instance_ids=(record.id,),
-                    )
-                )
-            return False
-        if notice.kind is not NoticeKind.TERMINATE:
-            records.append(
-                ActionRecord(
-                    "notice",
-                    record.pool,
-                    0,
-                    0,
-                    "noted",
-                    f"{notice.kind} recommendation",
-                    instance_ids=(record.id,),
-                )
-            )
-            return False
-        record.move(InstanceState.INTERRUPTED, now, f"{notice.kind} notice")
-        record.interrupt_deadline = notice.deadline
-        self.history.record(record.pool, now)
-        deadline = notice.deadline if notice.deadline is not None else now
-        detail = f"{notice.kind} notice, deadline in {deadline - now:.0f}s"
+    def _note(self, note: Note, records: list[ActionRecord]) -> None:
+        if note.interrupted:
+            self.report(PoolInterrupted(note.pool))
         records.append(
-            ActionRecord("interruption", record.pool, 1, 1, "ok", detail, instance_ids=(record.id,))
+            ActionRecord(
+                note.kind,
+                note.pool,
+                1 if note.interrupted else 0,
+                0,
+                note.outcome,
+                note.detail,
+                instance_ids=(note.instance_id,),
+            )
         )
-        return True
+
+    def _interrupt(self, interrupt: Interrupt, records: list[ActionRecord]) -> None:
+        self.report(
+            Moved(
+                interrupt.instance_id,
+                InstanceState.INTERRUPTED,
+                interrupt.reason,
+                deadline=interrupt.deadline,
+            )
+        )
+        self.report(PoolInterrupted(interrupt.pool))
+        records.append(
+            ActionRecord(
+                "interruption",
+                interrupt.pool,
+                1,
+                1,
+                "ok",
+                interrupt.detail,
+                instance_ids=(interrupt.instance_id,),
+            )
+        )
 
     def _drain_interrupted(self, nodes: list[str], records: list[ActionRecord]) -> None:
         """No new work on nodes the cloud is taking back, all of them before any job is asked to
         checkpoint; in one command per batch where the scheduler can."""
-        if self.scheduler is None or not nodes:
+        scheduler = self.scheduler
+        if scheduler is None or not nodes:
             return
         reason = "spot interruption notice"
-        drain_many = getattr(self.scheduler, "drain_many", None)
         failures: list[tuple[str, Exception]] = []
-        if callable(drain_many):
+        if isinstance(scheduler, BulkDrainer):
             try:
-                drain_many(nodes, reason)
+                scheduler.drain_many(nodes, reason)
             except Exception as batch_error:
                 failures = [(node, batch_error) for node in nodes]
         else:
             for node in nodes:
                 try:
-                    self.scheduler.drain(node, reason)
+                    scheduler.drain(node, reason)
                 except Exception as exc:
                     failures.append((node, exc))
         for node, error in failures:
-            record = self.table.get(node)
             records.append(
                 ActionRecord(
                     "drain",
-                    record.pool if record is not None else None,
+                    None,
                     1,
                     0,
                     "error",
@@ -205,31 +188,40 @@ class Actuator:
     def _evacuate(
         self,
         interrupted: list[tuple[str, float]],
-        at_risk: list[str],
-        now: float,
+        at_risk: Sequence[str],
+        view: FleetView,
         records: list[ActionRecord],
     ) -> None:
-        """Move the jobs off nodes the cloud is taking back, by what each can still save."""
+        """Move the jobs off nodes the cloud is taking back, by what each can still save; a
+        node at elevated risk takes no new work and is let go once its jobs have moved."""
         if self.evacuator is None:
             return
+        pools = {n.instance_id: n.pool for n in view.instances}
+        for node in at_risk:
+            reason = "rebalance recommendation"
+            self.report(Moved(node, InstanceState.DRAINING, reason))
+            records.append(
+                ActionRecord("drain", pools.get(node), 1, 1, "ok", reason, instance_ids=(node,))
+            )
         moves: list[JobMove] = []
         try:
             if interrupted:
-                moves += self.evacuator.interrupted(interrupted, now)
-            if at_risk and self.config.interruptions.act_on_rebalance:
-                moves += self._move_at_risk(self.evacuator, at_risk, now, records)
-            moves += self.evacuator.progress(now)
+                moves += self.evacuator.interrupted(interrupted, view.now)
+            if at_risk:
+                moves += self.evacuator.at_risk(list(at_risk), view.now)
+            moves += self.evacuator.progress(view.now)
         except Exception as exc:
             records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))
-        self._record_moves(moves, records)
+        self._record_moves(moves, pools, records)
 
-    def _record_moves(self, moves: list[JobMove], records: list[ActionRecord]) -> None:
+    def _record_moves(
+        self, moves: list[JobMove], pools: Mapping[str, str], records: list[ActionRecord]
+    ) -> None:
         for move in moves:
-            record = self.table.get(move.node)
             records.append(
                 ActionRecord(
                     "evacuate",
-                    record.pool if record is not None else None,
+                    pools.get(move.node),
                     1,
                     0 if move.move is Move.FAILED else 1,
                     str(move.move),
@@ -240,151 +232,112 @@ class Actuator:
                 )
             )
 
-    def _move_at_risk(
-        self, evacuator: Evacuator, nodes: list[str], now: float, records: list[ActionRecord]
-    ) -> list[JobMove]:
-        """A node at elevated risk takes no new work and is let go once its jobs have moved."""
-        moving = []
-        for node in nodes:
-            record = self.table.get(node)
-            if record is None or record.state not in _DRAINABLE:
-                continue
-            record.move(InstanceState.DRAINING, now, "rebalance recommendation")
-            moving.append(node)
-            records.append(
-                ActionRecord(
-                    "drain",
-                    record.pool,
-                    1,
-                    1,
-                    "ok",
-                    "rebalance recommendation",
-                    instance_ids=(node,),
-                )
-            )
-        return evacuator.at_risk(moving, now) if moving else []
-
-    def _progress_drains(self, view: FleetView, records: list[ActionRecord]) -> None:
+    def _progress_drains(
+        self, view: FleetView, drains: Sequence[ContinueDrain], records: list[ActionRecord]
+    ) -> list[Terminate]:
+        """Keep each draining node closed; an empty one is let go, and one whose drain timed
+        out (or whose jobs were asked to move) has its jobs moved at their checkpoints or
+        evicted first. Returns the nodes to terminate."""
         usage = {n.instance_id: n for n in view.instances}
-        to_terminate: list[InstanceRecord] = []
-        for record in list(self.table.live()):
-            if record.state is not InstanceState.DRAINING:
-                continue
-            node = usage.get(record.id)
+        done: list[Terminate] = []
+        for drain in drains:
+            node = usage.get(drain.instance_id)
             running = 0
             if self.scheduler is not None and node is not None and node.joined:
                 try:
-                    running = self.scheduler.drain(record.id, "scale-down")
+                    running = self.scheduler.drain(drain.instance_id, "scale-down")
                 except Exception as exc:
                     records.append(
                         ActionRecord(
                             "drain",
-                            record.pool,
+                            drain.pool,
                             1,
                             0,
                             "error",
                             describe(exc),
-                            instance_ids=(record.id,),
+                            instance_ids=(drain.instance_id,),
                         )
                     )
                     continue
-            started = record.drain_started_at if record.drain_started_at is not None else view.now
-            moving = record.move_jobs and self.evacuator is not None
-            if running and not moving and view.now - started < self.config.drain_timeout_s:
+            moving = drain.move_jobs and self.evacuator is not None
+            if running and not moving and not drain.timed_out:
                 continue
-            if running and self._leaving_at_checkpoints(record.id, view.now, records):
+            if running and self._leaving_at_checkpoints(drain, view, records):
                 continue
             if running and self.scheduler is not None:
                 try:
-                    evicted = self.scheduler.evict(record.id, "drain timed out")
+                    evicted = self.scheduler.evict(drain.instance_id, "drain timed out")
                 except Exception as exc:
                     records.append(
                         ActionRecord(
                             "evict",
-                            record.pool,
+                            drain.pool,
                             running,
                             0,
                             "error",
                             describe(exc),
-                            instance_ids=(record.id,),
+                            instance_ids=(drain.instance_id,),
                         )
                     )
                     continue
                 records.append(
                     ActionRecord(
                         "evict",
-                        record.pool,
+                        drain.pool,
                         running,
                         evicted,
                         "ok",
                         "drain timed out",
-                        instance_ids=(record.id,),
+                        instance_ids=(drain.instance_id,),
                     )
                 )
-            to_terminate.append(record)
-        self._terminate(to_terminate, view.now, "drained", records)
+            done.append(Terminate(drain.instance_id, drain.provider, drain.pool, "drained"))
+        return done
 
-    def _leaving_at_checkpoints(self, node: str, now: float, records: list[ActionRecord]) -> bool:
+    def _leaving_at_checkpoints(
+        self, drain: ContinueDrain, view: FleetView, records: list[ActionRecord]
+    ) -> bool:
         """True while the jobs of a node being given back are leaving at a checkpoint. They are
         handed to the evacuator, which bounds the wait, when the drain times out, or at once when
         the plan asked for them to move; from then on the node waits while the evacuator waits
         on any of them, and for one tick after the hand-over, for its requeues to show."""
-        wait_s = self.config.interruptions.drain_checkpoint_wait_s
-        if self.evacuator is None:
+        evacuator = self.evacuator
+        if evacuator is None:
             return False
-        if node in self._scale_down_evacuations:
-            return self.evacuator.busy(node)
-        self._scale_down_evacuations.add(node)
+        node = drain.instance_id
+        if evacuator.handed_over(node):
+            return evacuator.busy(node)
+        wait_s = self.config.interruptions.drain_checkpoint_wait_s
         try:
-            moves = self.evacuator.scale_down([node], now, wait_s)
+            moves = evacuator.hand_over(node, view.now, wait_s)
         except Exception as exc:
             records.append(
                 ActionRecord("evacuate", None, 1, 0, "error", describe(exc), instance_ids=(node,))
             )
             return False
-        self._record_moves(moves, records)
+        self._record_moves(moves, {node: drain.pool}, records)
         return True  # the scheduler shows the requeues by the next tick, which re-checks
 
-    def _finish_interrupted(self, now: float, records: list[ActionRecord]) -> None:
-        """An instance the cloud said it would take back and still lists well past the deadline
-        is terminated by us: we never pay for capacity we have already written off."""
-        overdue = [
-            r
-            for r in self.table.live()
-            if r.state is InstanceState.INTERRUPTED
-            and r.interrupt_deadline is not None
-            and now > r.interrupt_deadline + INTERRUPTION_GRACE_S
-        ]
-        self._terminate(overdue, now, "interrupted and still running past its deadline", records)
-
-    def _collect_orphans(self, now: float, records: list[ActionRecord]) -> None:
-        orphans = [r for r in self.table.live() if r.pool not in self._pools]
-        self._terminate(
-            orphans, now, "collected: tagged ours but its pool is not configured", records
-        )
-
-    def _terminate(
-        self, victims: list[InstanceRecord], now: float, why: str, records: list[ActionRecord]
-    ) -> None:
-        by_provider: dict[str, list[InstanceRecord]] = {}
-        for record in victims:
-            provider = record.provider
-            if provider not in self.providers:
+    def _terminate(self, victims: Sequence[Terminate], records: list[ActionRecord]) -> None:
+        """One call per provider and reason, in the order the reasons first come."""
+        groups: dict[tuple[str, str], list[Terminate]] = {}
+        for victim in victims:
+            if victim.provider not in self.providers:
                 records.append(
                     ActionRecord(
                         "terminate",
-                        record.pool,
+                        victim.pool,
                         1,
                         0,
                         "error",
-                        f"its provider {provider!r} is not configured",
-                        instance_ids=(record.id,),
+                        f"its provider {victim.provider!r} is not configured",
+                        instance_ids=(victim.instance_id,),
                     )
                 )
                 continue
-            by_provider.setdefault(provider, []).append(record)
-        for provider_name, group in by_provider.items():
-            ids = [r.id for r in group]
+            groups.setdefault((victim.reason, victim.provider), []).append(victim)
+        for (why, provider_name), group in groups.items():
+            ids = [v.instance_id for v in group]
             request_id = f"{self.incarnation}-term-{ids[0]}"
             try:
                 self.retry.call(partial(self.providers[provider_name].terminate, ids, request_id))
@@ -404,11 +357,12 @@ class Actuator:
                     )
                 )
                 continue
-            for record in group:
-                record.move(InstanceState.TERMINATING, now, why)
-                self._scale_down_evacuations.discard(record.id)
-            for pool in sorted({r.pool for r in group}):
-                pool_ids = tuple(r.id for r in group if r.pool == pool)
+            for victim in group:
+                self.report(Moved(victim.instance_id, InstanceState.TERMINATING, why))
+                if self.evacuator is not None:
+                    self.evacuator.release(victim.instance_id)
+            for pool in sorted({v.pool for v in group}):
+                pool_ids = tuple(v.instance_id for v in group if v.pool == pool)
                 records.append(
                     ActionRecord(
                         "terminate",
@@ -422,130 +376,122 @@ class Actuator:
                     )
                 )
 
+    def _usable(self, pool_view: PoolView, failed_providers: set[str]) -> bool:
+        """A pool whose cloud refused us, or that ran out of capacity earlier this tick, is
+        passed over: its grant moves to the next pool of the chain."""
+        pool = pool_view.pool
+        return pool.provider not in failed_providers and self.capacity.is_available(
+            pool.name, self._now
+        )
+
     def _launch(
         self,
         view: FleetView,
-        guarded: GuardedPlan,
-        launch: LaunchRequest,
-        index: int,
+        intent: LaunchIntent,
         failed_providers: set[str],
         records: list[ActionRecord],
     ) -> None:
-        """Walk the launch's pools in order until its nodes are bought. What is wanted is
-        counted in nodes of the launch's shape, so a fallback of another size gets as many
-        instances as hold the same nodes; the guard has already kept only pools that fit."""
-        if launch.gang_size > 1:
-            for gang in range(launch.count // launch.gang_size):
-                self._launch_gang(view, guarded, launch, index, gang, failed_providers, records)
-            return
+        """Walk the intent's steps until its nodes are bought. What is wanted is counted in
+        nodes of the launch's shape, so a fallback of another size gets as many instances as
+        hold the same nodes; the guard has already kept only pools that fit."""
+        launch = intent.request
         shape = launch_shape(launch, view)
         first = view.pool_by_name[launch.pool].pool
         slots_wanted = launch.count * node_slots(first, shape)
         previous: str | None = None
-        for attempt, name in enumerate((launch.pool, *launch.fallbacks)):
+        missed = 0  # nodes granted to earlier steps that they did not buy
+        for step in intent.steps:
             if slots_wanted <= 0:
                 return
-            pool_view = view.pool_by_name[name]
+            pool_view = view.pool_by_name[step.pool]
             pool = pool_view.pool
             fallback_from = previous
-            previous = name
-            if pool.provider in failed_providers:
+            previous = step.pool
+            per = node_slots(pool, shape)
+            if not self._usable(pool_view, failed_providers):
+                missed += step.granted * per
                 continue
-            if not self.capacity.is_available(name, view.now):
+            extra = min(step.standby, math.ceil(missed / per))
+            count = min(math.ceil(slots_wanted / per), step.granted + extra)
+            if count <= 0:
                 continue
-            want = math.ceil(slots_wanted / node_slots(pool, shape))
-            granted = guarded.allowance.admit_launch(pool_view, want)
-            if granted == 0:
-                continue
-            request_id = f"{self.incarnation}-{view.tick}-{index}-{attempt}"
+            request_id = f"{self.incarnation}-{view.tick}-{intent.index}-{step.position}"
             provider = self.providers[pool.provider]
             launched = self._call_launch(
-                partial(provider.launch, pool, granted, request_id, self.config.fleet_id),
-                view,
-                guarded,
-                launch,
+                partial(provider.launch, pool, count, request_id, self.config.fleet_id),
                 pool_view,
-                granted,
+                count,
+                launch.reason,
                 request_id,
                 fallback_from,
                 failed_providers,
                 records,
             )
-            slots_wanted -= launched * node_slots(pool, shape)
+            slots_wanted -= launched * per
+            covered = max(0, launched - step.granted) * per
+            missed = max(0, missed - covered) + max(0, min(count, step.granted) - launched) * per
 
-    def _launch_gang(
+    def _launch_gangs(
         self,
         view: FleetView,
-        guarded: GuardedPlan,
-        launch: LaunchRequest,
-        index: int,
-        gang: int,
+        intent: LaunchIntent,
         failed_providers: set[str],
         records: list[ActionRecord],
     ) -> None:
-        """One multi-node job's instances: all of them in one pool, placed together, or none
-        there and the next pool tried. Admitted whole or not at all: a part of a gang hosts
-        nothing."""
+        """Each multi-node job's instances: all of them in one pool, placed together, or none
+        there and the next pool of its chain tried. A part of a gang hosts nothing."""
+        launch = intent.request
         size = launch.gang_size
-        previous: str | None = None
-        for attempt, name in enumerate((launch.pool, *launch.fallbacks)):
-            pool_view = view.pool_by_name[name]
-            pool = pool_view.pool
-            fallback_from = previous
-            previous = name
-            if pool.provider in failed_providers:
-                continue
-            if not self.capacity.is_available(name, view.now):
-                continue
-            granted = guarded.allowance.admit_launch(pool_view, size)
-            if granted < size:
-                guarded.allowance.refund(pool_view, granted)
-                continue
-            request_id = f"{self.incarnation}-{view.tick}-{index}-g{gang}-{attempt}"
-            provider = self.providers[pool.provider]
-            # The watched wrapper always has launch_gang; whether the cloud behind it can is
-            # the question, and a cloud that cannot is no reason to stop its other launches.
-            inner = getattr(provider, "inner", provider)
-            gang_launch = getattr(provider, "launch_gang", None)
-            if not callable(gang_launch) or not callable(getattr(inner, "launch_gang", None)):
-                guarded.allowance.refund(pool_view, granted)
-                records.append(
-                    ActionRecord(
-                        "launch",
-                        name,
-                        size,
-                        0,
-                        "refused",
-                        f"provider {pool.provider} cannot launch a multi-node job's nodes together",
-                        request_id,
-                        (),
-                        fallback_from,
-                    )
+        for gang, steps in enumerate(intent.gangs):
+            previous: str | None = None
+            for step in steps:
+                pool_view = view.pool_by_name[step.pool]
+                pool = pool_view.pool
+                fallback_from = previous
+                previous = step.pool
+                if not self._usable(pool_view, failed_providers):
+                    continue
+                if step.granted + step.standby < size:
+                    continue
+                request_id = (
+                    f"{self.incarnation}-{view.tick}-{intent.index}-g{gang}-{step.position}"
                 )
-                continue
-            launched = self._call_launch(
-                partial(gang_launch, pool, size, request_id, self.config.fleet_id),
-                view,
-                guarded,
-                launch,
-                pool_view,
-                granted,
-                request_id,
-                fallback_from,
-                failed_providers,
-                records,
-            )
-            if launched:
-                return
+                provider = self.providers[pool.provider]
+                if not isinstance(provider, GangLauncher):
+                    records.append(
+                        ActionRecord(
+                            "launch",
+                            step.pool,
+                            size,
+                            0,
+                            "refused",
+                            f"provider {pool.provider} cannot launch a multi-node job's nodes "
+                            "together",
+                            request_id,
+                            (),
+                            fallback_from,
+                        )
+                    )
+                    continue
+                launched = self._call_launch(
+                    partial(provider.launch_gang, pool, size, request_id, self.config.fleet_id),
+                    pool_view,
+                    size,
+                    launch.reason,
+                    request_id,
+                    fallback_from,
+                    failed_providers,
+                    records,
+                )
+                if launched:
+                    break
 
     def _call_launch(
         self,
         call: Callable[[], LaunchResult],
-        view: FleetView,
-        guarded: GuardedPlan,
-        launch: LaunchRequest,
         pool_view: PoolView,
-        granted: int,
+        count: int,
+        reason: str,
         request_id: str,
         fallback_from: str | None,
         failed_providers: set[str],
@@ -557,8 +503,7 @@ class Actuator:
         try:
             result = self.retry.call(call)
         except ProviderError as exc:
-            guarded.allowance.refund(pool_view, granted)
-            self._remember_failure(exc, name, view.now)
+            self._failed(exc, name)
             if isinstance(exc, (AuthError, InvalidRequest)):
                 failed_providers.add(pool.provider)
                 log.error("launch in %s refused: %s", name, exc)
@@ -566,7 +511,7 @@ class Actuator:
                 ActionRecord(
                     "launch",
                     name,
-                    granted,
+                    count,
                     0,
                     _outcome(exc),
                     describe(exc),
@@ -579,7 +524,6 @@ class Actuator:
         except LeadershipLost:
             raise
         except Exception as exc:
-            guarded.allowance.refund(pool_view, granted)
             if isinstance(exc, CallNotMade):
                 log.error("%s", exc)
             else:
@@ -588,7 +532,7 @@ class Actuator:
                 ActionRecord(
                     "launch",
                     name,
-                    granted,
+                    count,
                     0,
                     "error",
                     describe(exc),
@@ -598,20 +542,24 @@ class Actuator:
                 )
             )
             return 0
-        launched = self._record_launch(result, granted, pool_view, guarded, view.now)
+        for instance in result.instances:
+            self.report(Launched(instance, pool.provider))
+        launched = len(result.instances)
+        if result.shortfall is not None:
+            self._failed(result.shortfall, name)
         if launched:
-            self.memory.last_scale_up[name] = view.now
+            self.report(ScaledUp(name))
         outcome = (
-            "ok" if launched >= granted else ("partial" if launched else _outcome(result.shortfall))
+            "ok" if launched >= count else ("partial" if launched else _outcome(result.shortfall))
         )
         records.append(
             ActionRecord(
                 "launch",
                 name,
-                granted,
+                count,
                 launched,
                 outcome,
-                describe(result.shortfall) if result.shortfall else launch.reason,
+                describe(result.shortfall) if result.shortfall else reason,
                 request_id,
                 tuple(i.id for i in result.instances),
                 fallback_from,
@@ -619,40 +567,11 @@ class Actuator:
         )
         return launched
 
-    def _record_launch(
-        self,
-        result: LaunchResult,
-        granted: int,
-        pool_view: PoolView,
-        guarded: GuardedPlan,
-        now: float,
-    ) -> int:
-        for instance in result.instances:
-            self.table.record_launch(instance, pool_view.pool.provider, now)
-        launched = len(result.instances)
-        guarded.allowance.refund(pool_view, granted - launched)
-        if result.shortfall is not None:
-            self._remember_failure(result.shortfall, pool_view.pool.name, now)
-        return launched
-
-    def _remember_failure(self, error: ProviderError, pool: str, now: float) -> None:
+    def _failed(self, error: ProviderError, pool: str) -> None:
         if isinstance(error, CapacityError):
-            self.capacity.mark(pool, now, error.code)
+            self.report(PoolFailed(pool, error.code))
         elif isinstance(error, QuotaError):
-            for name in self._quota_pools(error.scope, pool):
-                self.capacity.mark(name, now, error.code)
-
-    def _quota_pools(self, scope: QuotaScope, pool_name: str) -> list[str]:
-        pool = self._pools[pool_name]
-        if scope is QuotaScope.PROVIDER:
-            return [p.name for p in self.config.pools if p.provider == pool.provider]
-        if scope is QuotaScope.REGION:
-            return [
-                p.name
-                for p in self.config.pools
-                if p.provider == pool.provider and p.region == pool.region
-            ]
-        return [pool_name]
+            self.report(PoolFailed(pool, error.code, error.scope))
 
 
 def _outcome(error: ProviderError | None) -> str:

@@ -1,10 +1,13 @@
 """The reconcile loop: every tick is observe → decide → guard → act, and nothing else.
 
-The controller owns the state that must outlive a tick (instance table, capacity cache,
-interruption history, cool-down memory, last plan) and wires the four steps together; each step
-lives in its own module. A policy that raises, or returns a plan the guard rejects, holds the
-fleet as it is for that tick and says why; interruption notices and drains already under way are
-still handled, because they are not the policy's to decide.
+The controller owns the state that must outlive a tick (``FleetMemory``: the instance table,
+capacity cache, interruption history and cool-downs; the last plan) and wires the steps
+together; each lives in its own module. Decisions come from the policy's plan and the
+controller's own rules (``autoscaler.tick.rules``), the guard alone grants them, act carries out
+the intents and reports what happened as typed updates, which ``FleetMemory.apply`` writes. A
+policy that raises, or returns a plan the guard rejects, holds the fleet as it is for that tick
+and says why; interruption notices and drains already under way are still handled, because
+they are not the policy's to decide.
 
 Under a leader lock the controller acts only under its fencing token (``token``, checked by
 ``fence`` before act and before each cloud call); with a journal, every cloud call is written
@@ -20,8 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
 from autoscaler.fleet.checkpoints import CheckpointLedger
-from autoscaler.fleet.instances import InstanceTable
-from autoscaler.model import DemandGroup, FleetView, InstanceState, InterruptionNotice, Plan
+from autoscaler.fleet.instances import InstanceTable, is_billed
+from autoscaler.fleet.memory import FleetMemory, FleetUpdate
+from autoscaler.model import DemandGroup, FleetView, InterruptionNotice, Plan
 from autoscaler.model.clock import Clock
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import CallNotMade, InputError, describe
@@ -30,7 +34,8 @@ from autoscaler.model.shapes import OnPremKinds, Unhostable, offers_of, unhostab
 from autoscaler.ops.journal import Journal, JournalError
 from autoscaler.ops.journal.base import Billed, TickEntry
 from autoscaler.ops.metrics import Metrics
-from autoscaler.ops.provider_calls import WatchedProvider
+from autoscaler.ops.onprem_idle import onprem_idle
+from autoscaler.ops.provider_calls import watch
 from autoscaler.spi.policy import Policy
 from autoscaler.spi.provider import Provider
 from autoscaler.spi.sources import (
@@ -41,9 +46,11 @@ from autoscaler.spi.sources import (
 )
 from autoscaler.tick.act import Actuator
 from autoscaler.tick.evacuate import EvacuationSettings, Evacuator
-from autoscaler.tick.guard import GuardMemory, guard, validate_plan
-from autoscaler.tick.observe import Observer, Signals
+from autoscaler.tick.guard import guard, validate_plan
+from autoscaler.tick.intents import Intents
+from autoscaler.tick.observe import Observation, Observer, Signals
 from autoscaler.tick.retry import RetryPolicy
+from autoscaler.tick.rules import controller_requests
 from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
 
 log = logging.getLogger(__name__)
@@ -82,16 +89,18 @@ class Controller:
         self.token = 1
         ledger = CallLedger(self) if journal is not None or fence is not None else None
         self.providers: Mapping[str, Provider] = {
-            name: WatchedProvider(provider, metrics, ledger) for name, provider in providers.items()
+            name: watch(provider, metrics, ledger) for name, provider in providers.items()
         }
         providers = self.providers
         self.policy = policy
         self.clock = clock
         self.timer = timer
-        self.table = InstanceTable(request_timeout_s=config.request_timeout_s)
-        self.capacity = CapacityCache(config.capacity_cache_ttl_s)
-        self.history = InterruptionHistory(config.risky_pool_ttl_s)
-        self.memory = GuardMemory()
+        self.fleet = FleetMemory(
+            config.pools,
+            config.request_timeout_s,
+            config.capacity_cache_ttl_s,
+            config.risky_pool_ttl_s,
+        )
         self.signals = signals or Signals(queues=tuple(queue_sources), nodes=node_source)
         self.recorder: TickMetrics | None = None
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
@@ -128,14 +137,12 @@ class Controller:
         self.actuator = Actuator(
             config,
             providers,
-            self.table,
-            self.capacity,
-            self.history,
-            self.memory,
+            self.fleet.capacity,
             scheduler,
             self.incarnation,
             retry or RetryPolicy(),
             self.evacuator,
+            self._apply,
         )
         self.last_plan: Plan | None = None
         self._unhostable_said: set[str] = set()
@@ -144,10 +151,28 @@ class Controller:
         ) = None
         self._tick = 0
         self._billed: set[str] = set()
+        self.last_observation: Observation | None = None
+        self.last_intents: Intents | None = None
 
     @property
     def ticks(self) -> int:
         return self._tick
+
+    @property
+    def table(self) -> InstanceTable:
+        return self.fleet.table
+
+    @property
+    def capacity(self) -> CapacityCache:
+        return self.fleet.capacity
+
+    @property
+    def history(self) -> InterruptionHistory:
+        return self.fleet.history
+
+    def _apply(self, update: FleetUpdate) -> None:
+        """Act's reports of what happened, written by the fleet memory's one writer."""
+        self.fleet.apply(update, self.clock.now())
 
     def next_due(self) -> float | None:
         """When something in flight needs a tick before the regular one (a job's checkpoint
@@ -165,9 +190,27 @@ class Controller:
         plan, held = self._decide(view)
         billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)
-        guarded = guard(plan, view, self.config.limits, self.memory, month_spend)
+        requests = controller_requests(
+            view,
+            observation.notices,
+            self.fleet.table,
+            self.config,
+            can_evacuate=self.evacuator is not None,
+            nodes_known=observation.nodes_known,
+            unlisted=observation.failed_providers,
+        )
+        intents = guard(
+            plan,
+            requests,
+            view,
+            self.config.limits,
+            self.fleet.cooldowns,
+            month_spend,
+            self.config.drain_timeout_s,
+        )
+        self.last_observation, self.last_intents = observation, intents
         self.check_fence()
-        actions = self.actuator.act(view, guarded)
+        actions = self.actuator.act(view, intents)
         self._acknowledge(observation.polled, observation.errors)
         self.checkpoints.expire(now)
         if held is None:
@@ -180,7 +223,7 @@ class Controller:
             view=view,
             plan=plan,
             held=held,
-            clamps=guarded.clamps,
+            clamps=intents.clamps,
             actions=actions,
             errors=observation.errors,
             duration_s=self.timer() - started,
@@ -226,6 +269,11 @@ class Controller:
             self._unhostable_said = labels
         return found
 
+    def close(self) -> None:
+        """Lets go of the threads the controller holds (the evacuator's)."""
+        if self.evacuator is not None:
+            self.evacuator.close()
+
     def check_fence(self) -> None:
         """Raises ``LeadershipLost`` when this replica may no longer act under its token."""
         if self.fence is not None:
@@ -262,7 +310,7 @@ class Controller:
         for node in view.instances:
             price = prices.get(node.pool)
             record = self.table.get(node.instance_id)
-            if node.state not in _BILLED_STATES or price is None or record is None:
+            if not is_billed(node.state) or price is None or record is None:
                 continue
             billed.append(
                 Billed(
@@ -289,12 +337,13 @@ class Controller:
             demand_known=demand.known,
             pending_gpus=sum(g.gpus_per_job * g.jobs for g in demand.groups),
             instances=len(report.view.instances),
-            cost_per_hour=cost_per_hour(report.view),
+            cost_per_hour=report.view.cost_per_hour(),
             plan=report.plan.model_dump(mode="json", exclude={"placement"}),
             clamps=[
                 {"rule": c.rule, "pool": c.pool, "requested": c.requested, "allowed": c.allowed}
                 for c in report.clamps
             ],
+            onprem_idle=onprem_idle(report.view.onprem, report.failing_sources),
         )
 
     def _acknowledge(self, polled: dict[str, list[InterruptionNotice]], errors: list[str]) -> None:
@@ -314,24 +363,8 @@ class Controller:
             return Plan(placement=placement, reason="held"), f"policy failed: {describe(exc)}"
 
 
-_BILLED_STATES = frozenset(
-    {
-        InstanceState.PENDING,
-        InstanceState.RUNNING,
-        InstanceState.DRAINING,
-        InstanceState.INTERRUPTED,
-    }
-)
-
-
 def _outcome(report: TickReport) -> str:
     return tick_outcome(report.held, report.errors)
-
-
-def cost_per_hour(view: FleetView) -> float:
-    """What the live instances cost per hour at their pools' prices now."""
-    prices = {p.pool.name: p.price.price_per_hour for p in view.pools if p.price is not None}
-    return sum(prices.get(n.pool, 0.0) for n in view.instances if n.state in _BILLED_STATES)
 
 
 class CallLedger:

@@ -22,14 +22,14 @@ waiting job is requeued within moments of either.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.model.errors import describe
-from autoscaler.spi.sources import CheckpointingScheduler, RunningJob
+from autoscaler.spi.sources import CheckpointingScheduler, JobsByNode, RunningJob
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class Evacuator:
         self.ledger = ledger
         self.settings = settings or EvacuationSettings()
         self._nodes: dict[str, _Evacuation] = {}
+        self._handed: set[str] = set()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="evacuate")
 
     def interrupted(self, nodes: Sequence[tuple[str, float]], now: float) -> list[JobMove]:
@@ -214,6 +215,19 @@ class Evacuator:
                 if job.id not in evacuation.waiting:
                     yield evacuation, job
 
+    def handed_over(self, node: str) -> bool:
+        """Whether a drained node's jobs were handed over (``hand_over``) and not released."""
+        return node in self._handed
+
+    def hand_over(self, node: str, now: float, wait_s: float) -> list[JobMove]:
+        """A drained node's jobs, from now on moved at their checkpoints (``scale_down``)."""
+        self._handed.add(node)
+        return self.scale_down([node], now, wait_s)
+
+    def release(self, node: str) -> None:
+        """The node is gone: nothing more to wait on there."""
+        self._handed.discard(node)
+
     def busy(self, node: str) -> bool:
         """Whether jobs on ``node`` are still being waited on."""
         evacuation = self._nodes.get(node)
@@ -305,9 +319,8 @@ def running_jobs_on(
     """The jobs on each node, in one listing where the scheduler can list every node at once."""
     if not nodes:
         return {}
-    bulk = getattr(scheduler, "running_jobs_by_node", None)
-    if len(nodes) > 1 and callable(bulk):
-        every: Mapping[str, Sequence[RunningJob]] = bulk()
+    if len(nodes) > 1 and isinstance(scheduler, JobsByNode):
+        every = scheduler.running_jobs_by_node()
         return {node: every.get(node, ()) for node in nodes}
     return {node: scheduler.running_jobs(node) for node in nodes}
 

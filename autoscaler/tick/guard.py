@@ -1,20 +1,31 @@
 """The guard: hard limits no policy can lift, and the wall that contains a misbehaving policy.
 
-A plan that names pools or instances the view does not hold is rejected whole (the tick then
-holds the fleet as it is). A sane plan is clamped: drains here, launches through an ``Allowance``
-that act consults for every launch, fallbacks included, so per-pool and total instance/GPU limits,
-the $/hour budget, the monthly budget and the launch rate hold whatever act ends up buying.
+It is the only code that knows a limit. A plan that names pools or instances the view does not
+hold is rejected whole (the tick then holds the fleet as it is). The plan and the controller's own
+rule requests are then turned into granted ``Intents``:
 
-The monthly cap is read against the journal's spend this calendar month; while that spend is
-unknown (the journal cannot be read) scale-up is held, never assumed affordable.
+* drains (the plan's and the rebalance rule's) pass the drain rate and the hold on scale-down
+  while demand is unknown; the plan's also the scale-down cool-down (a rebalance drain answers a
+  risk, not a surplus, so a recent scale-up does not hold it);
+* every launch is granted pool by pool along its fallback chain before anything is bought: first
+  the walk act takes when every call succeeds (in the plan's order, fleet-wide limits ending it),
+  then, for each pool of each chain, a *standby* grant reserved from what the limits leave, for
+  the nodes earlier pools of that chain fail to buy. A capacity failure in act only moves the
+  unbought nodes to the next pool's standby grant, so per-pool and total instance/GPU limits, the
+  $/hour budget, the monthly budget and the launch rate hold whatever act ends up buying.
+
+The monthly cap is a projected ceiling (``autoscaler.tick.budget``): the journal's spend this
+calendar month plus the kept fleet's run rate to the month's end; over it, the guard sheds
+capacity in the documented order. While the spend is unknown (the journal cannot be read)
+scale-up is held, never assumed affordable.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from autoscaler.fleet.memory import Cooldowns
 from autoscaler.model import (
     LIVE_STATES,
     DrainRequest,
@@ -29,16 +40,11 @@ from autoscaler.model import (
 from autoscaler.model.config import Limits
 from autoscaler.model.errors import PolicyError
 from autoscaler.model.records import Clamp
+from autoscaler.tick.budget import Projection, hours_to_month_end, run_rate, shed
+from autoscaler.tick.intents import ContinueDrain, Intents, LaunchIntent, LaunchStep, Requests
+from autoscaler.tick.rules import registration
 
 _INF = math.inf
-
-
-@dataclass
-class GuardMemory:
-    """What the guard must remember between ticks to apply cool-downs."""
-
-    last_scale_up: dict[str, float] = field(default_factory=dict)
-    last_scale_down: dict[str, float] = field(default_factory=dict)
 
 
 def validate_plan(plan: object, view: FleetView) -> Plan:
@@ -62,24 +68,24 @@ def validate_plan(plan: object, view: FleetView) -> Plan:
 
 
 class Allowance:
-    """The room a tick has left under every limit; act asks it before each launch."""
+    """The room a tick has left under every limit, spent as the guard grants launches."""
 
     def __init__(
         self,
         limits: Limits,
         view: FleetView,
-        memory: GuardMemory,
+        cooldowns: Cooldowns,
         month_spend: float | None = None,
     ) -> None:
         self.limits = limits
         self.month_spend = month_spend
         self.now = view.now
-        self.memory = memory
         self.clamps: list[Clamp] = []
+        self.quiet = False
         self._pools = view.pool_by_name
         self._cooling = {
             pool
-            for pool, last in memory.last_scale_up.items()
+            for pool, last in cooldowns.last_scale_up.items()
             if view.now - last < limits.scale_up_cooldown_s
         }
         live_by_pool: dict[str, int] = {}
@@ -107,9 +113,18 @@ class Allowance:
         if limits.max_cost_per_hour is not None:
             self.budget_left = 0.0 if unpriced else max(0.0, limits.max_cost_per_hour - cost)
         self.month_left: float = _INF
+        self.projection: Projection | None = None
         if limits.max_cost_per_month is not None:
-            spent = month_spend if month_spend is not None else _INF
-            self.month_left = max(0.0, limits.max_cost_per_month - spent)
+            if month_spend is None:
+                self.month_left = 0.0
+            else:
+                self.projection = Projection(
+                    month_spend,
+                    run_rate(view),
+                    hours_to_month_end(view.now),
+                    limits.max_cost_per_month,
+                )
+                self.month_left = max(0.0, self.projection.room)
 
     def admit_launch(self, pool_view: PoolView, count: int) -> int:
         """How many of ``count`` instances may be launched in this pool; debits what it grants."""
@@ -129,7 +144,9 @@ class Allowance:
         allowed = self._cap(allowed, "max_gpus", pool.name, count, gpu_room)
         allowed = self._cap(allowed, "launch_rate", pool.name, count, self.launches_left)
         allowed = self._cap(allowed, "budget", pool.name, count, self._budget_room(pool_view))
-        allowed = self._cap(allowed, "monthly_budget", pool.name, count, self._month_room())
+        allowed = self._cap(
+            allowed, "monthly_budget", pool.name, count, self._month_room(pool_view)
+        )
         granted = int(allowed)
         self._debit(pool_view, granted)
         return granted
@@ -162,9 +179,14 @@ class Allowance:
             self.clamps.append(Clamp(rule, launch.pool, launch.count, 0, _why(rule, self)))
 
     def refund(self, pool_view: PoolView, count: int) -> None:
-        """Give back room for instances that were admitted but not launched."""
+        """Give back room for instances that were admitted but will not be launched."""
         if count > 0:
             self._debit(pool_view, -count)
+
+    def hold(self, pool_view: PoolView, count: int) -> None:
+        """Take room again for instances given back a moment ago (see ``_standby``)."""
+        if count > 0:
+            self._debit(pool_view, count)
 
     def _debit(self, pool_view: PoolView, count: int) -> None:
         pool = pool_view.pool
@@ -175,6 +197,8 @@ class Allowance:
         if pool_view.price is not None and self.budget_left != _INF:
             self.budget_left -= count * pool_view.price.price_per_hour
             self.cost_per_hour += count * pool_view.price.price_per_hour
+        if pool_view.price is not None and self.projection is not None:
+            self.month_left -= count * pool_view.price.price_per_hour * self.projection.hours_left
 
     def _cooldown_room(self, pool: str) -> float:
         return 0 if pool in self._cooling else _INF
@@ -191,13 +215,22 @@ class Allowance:
             return _INF
         return math.floor(self.budget_left / price + 1e-9)
 
-    def _month_room(self) -> float:
-        return 0 if self.month_left <= 0 else _INF
+    def _month_room(self, pool_view: PoolView) -> float:
+        if self.month_left <= 0:
+            return 0
+        if self.projection is None:
+            return _INF
+        price = pool_view.price.price_per_hour if pool_view.price is not None else None
+        if price is None:
+            return 0
+        cost = price * self.projection.hours_left
+        return _INF if cost <= 0 else math.floor(self.month_left / cost + 1e-9)
 
     def _cap(self, allowed: float, rule: str, pool: str, requested: int, room: float) -> float:
         room = max(0.0, room)
         if room < allowed:
-            self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
+            if not self.quiet:  # a standby grant is hypothetical: not a clamp of the plan
+                self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
             return room
         return allowed
 
@@ -207,11 +240,8 @@ def _why(rule: str, allowance: Allowance) -> str:
         return "no price known for pool(s) " + ", ".join(allowance.unpriced) + "; scale-up held"
     if rule == "monthly_budget" and allowance.month_spend is None:
         return "this month's spend is unknown (journal unreadable); scale-up held"
-    if rule == "monthly_budget":
-        return (
-            f"limits.max_cost_per_month reached: ${allowance.month_spend:,.2f} spent of "
-            f"${allowance.limits.max_cost_per_month:,.2f}"
-        )
+    if rule == "monthly_budget" and allowance.projection is not None:
+        return f"limits.max_cost_per_month reached: {allowance.projection.describe()}"
     return {
         "scale_up_cooldown": "pool scaled up recently",
         "pool_max_instances": "pool is at its max_instances",
@@ -224,21 +254,6 @@ def _why(rule: str, allowance: Allowance) -> str:
 
 def _room(limit: int | None, used: int) -> float:
     return _INF if limit is None else max(0, limit - used)
-
-
-@dataclass
-class GuardedPlan:
-    """A plan as the guard lets it through: the drains admitted, the launches reduced to pools
-    that can host what they are for, and the allowance act spends launch by launch."""
-
-    plan: Plan
-    drains: tuple[DrainRequest, ...]
-    allowance: Allowance
-    launches: tuple[LaunchRequest, ...] = ()
-
-    @property
-    def clamps(self) -> list[Clamp]:
-        return self.allowance.clamps
 
 
 def launch_shape(launch: LaunchRequest, view: FleetView) -> NodeShape:
@@ -320,40 +335,254 @@ def _instances_for(slots: int, gpus_per_instance: int, shape: NodeShape, gang_si
 
 def guard(
     plan: Plan,
+    requests: Requests,
     view: FleetView,
     limits: Limits,
-    memory: GuardMemory,
+    cooldowns: Cooldowns,
     month_spend: float | None = None,
-) -> GuardedPlan:
-    """Clamp a validated plan. Drains are settled here; launches are admitted one by one in act.
-    ``month_spend`` is this calendar month's spend so far, for ``limits.max_cost_per_month``."""
-    allowance = Allowance(limits, view, memory, month_spend)
+    drain_timeout_s: float = 3600.0,
+) -> Intents:
+    """Grant a validated plan and the rules' requests. ``month_spend`` is this calendar month's
+    spend so far, for ``limits.max_cost_per_month``."""
+    allowance = Allowance(limits, view, cooldowns, month_spend)
+    clamps = allowance.clamps
     nodes = {node.instance_id: node for node in view.instances}
-    admitted: list[DrainRequest] = []
-    for drain in plan.drains:
-        node = nodes[drain.instance_id]
-        if node.state not in (
-            InstanceState.PENDING,
-            InstanceState.RUNNING,
-            InstanceState.REQUESTED,
-        ):
+    interrupted = {i.instance_id for i in requests.interrupts}
+    drained = 0
+    at_risk: list[str] = []
+    for drain in requests.drains:
+        node = nodes.get(drain.instance_id)
+        if node is None or drain.instance_id in interrupted:
             continue
         if not view.demand.known:
-            allowance.clamps.append(
+            clamps.append(
                 Clamp("demand_unknown", node.pool, 1, 0, "a queue source failed; scale-down held")
             )
             continue
-        last_up = memory.last_scale_up.get(node.pool)
-        if last_up is not None and view.now - last_up < limits.scale_down_cooldown_s:
-            allowance.clamps.append(
-                Clamp("scale_down_cooldown", node.pool, 1, 0, "pool scaled up recently")
-            )
-            continue
-        if len(admitted) >= limits.max_drains_per_tick:
-            allowance.clamps.append(
+        if drained >= limits.max_drains_per_tick:
+            clamps.append(
                 Clamp("drain_rate", node.pool, 1, 0, "limits.max_drains_per_tick reached")
             )
             continue
+        drained += 1
+        at_risk.append(drain.instance_id)
+    terminations = []
+    for end in requests.terminations:
+        if end.rule == registration.RULE:
+            if drained >= limits.max_drains_per_tick:
+                clamps.append(
+                    Clamp("drain_rate", end.pool, 1, 0, "limits.max_drains_per_tick reached")
+                )
+                continue
+            drained += 1
+        terminations.append(end)
+    admitted: list[DrainRequest] = []
+    for drain in plan.drains:
+        node = nodes[drain.instance_id]
+        if (
+            node.state
+            not in (
+                InstanceState.PENDING,
+                InstanceState.RUNNING,
+                InstanceState.REQUESTED,
+            )
+            or drain.instance_id in interrupted
+        ):
+            continue
+        if not view.demand.known:
+            clamps.append(
+                Clamp("demand_unknown", node.pool, 1, 0, "a queue source failed; scale-down held")
+            )
+            continue
+        last_up = cooldowns.last_scale_up.get(node.pool)
+        if last_up is not None and view.now - last_up < limits.scale_down_cooldown_s:
+            clamps.append(Clamp("scale_down_cooldown", node.pool, 1, 0, "pool scaled up recently"))
+            continue
+        if drained >= limits.max_drains_per_tick:
+            clamps.append(
+                Clamp("drain_rate", node.pool, 1, 0, "limits.max_drains_per_tick reached")
+            )
+            continue
+        drained += 1
         admitted.append(drain)
-    launches = fitting_launches(plan.launches, view, allowance.clamps)
-    return GuardedPlan(plan, tuple(admitted), allowance, launches)
+    ended = {t.instance_id for t in terminations}
+    if allowance.projection is not None and allowance.projection.room < 0:
+        leaving = {d.instance_id for d in admitted} | set(at_risk) | interrupted | ended
+        admitted.extend(shed(view, allowance.projection, leaving))
+        allowance.month_left = 0.0  # no launch in a tick that sheds for the budget
+    replacements = [r.launch for r in requests.replacements if r.instance_id in ended]
+    launches = fitting_launches((*replacements, *plan.launches), view, clamps)
+    return Intents(
+        plan=plan,
+        notices=tuple(requests.notices),
+        drains=tuple(admitted),
+        at_risk=tuple(at_risk),
+        continuing=_continuing(view, requests, admitted, at_risk, drain_timeout_s <= 0),
+        terminations=tuple(terminations),
+        launches=grant_launches(launches, view, allowance),
+        clamps=clamps,
+    )
+
+
+def _continuing(
+    view: FleetView,
+    requests: Requests,
+    admitted: Sequence[DrainRequest],
+    at_risk: Sequence[str],
+    timed_out: bool,
+) -> tuple[ContinueDrain, ...]:
+    """Every drain act carries on this tick, the ones just granted included, in fleet order."""
+    pools = {n.instance_id: n.pool for n in view.instances}
+    providers = {name: p.pool.provider for name, p in view.pool_by_name.items()}
+    found = {c.instance_id: c for c in requests.continuing}
+    for instance_id, move_jobs in (
+        *((d.instance_id, d.move_jobs) for d in admitted),
+        *((i, False) for i in at_risk),
+    ):
+        pool = pools[instance_id]
+        found[instance_id] = ContinueDrain(
+            instance_id, providers.get(pool, ""), pool, timed_out, move_jobs
+        )
+    order = {n.instance_id: i for i, n in enumerate(view.instances)}
+    return tuple(sorted(found.values(), key=lambda c: order.get(c.instance_id, len(order))))
+
+
+def grant_launches(
+    launches: Sequence[LaunchRequest], view: FleetView, allowance: Allowance
+) -> tuple[LaunchIntent, ...]:
+    """Each launch's grants, pool by pool. First the walk act takes when every call succeeds
+    (launches in order, each walking its pools while the limits grant less than it wants);
+    then the standby grants, so a failure can move nodes down a chain without a limit giving."""
+    intents: list[LaunchIntent] = []
+    usable = {
+        name
+        for name, p in view.pool_by_name.items()
+        if p.unavailable_until is None or p.unavailable_until <= view.now
+    }
+    for index, launch in enumerate(launches):
+        if allowance.fleet_full():
+            before = len(allowance.clamps)
+            allowance.note_skipped(launches[index:])
+            rule = allowance.clamps[before].detail if len(allowance.clamps) > before else ""
+            intents.extend(
+                LaunchIntent(rest, index + k, skipped=rule)
+                for k, rest in enumerate(launches[index:])
+            )
+            break
+        chain = [(k, n) for k, n in enumerate((launch.pool, *launch.fallbacks)) if n in usable]
+        if launch.gang_size > 1:
+            gangs = tuple(
+                _gang_primary(launch, chain, view, allowance)
+                for _ in range(launch.count // launch.gang_size)
+            )
+            intents.append(LaunchIntent(launch, index, gangs=gangs))
+        else:
+            intents.append(
+                LaunchIntent(launch, index, steps=_primary(launch, chain, view, allowance))
+            )
+    allowance.quiet = True
+    return tuple(_standby(intent, view, allowance) for intent in intents)
+
+
+def _primary(
+    launch: LaunchRequest,
+    chain: Sequence[tuple[int, str]],
+    view: FleetView,
+    allowance: Allowance,
+) -> tuple[LaunchStep, ...]:
+    """What is wanted is counted in nodes of the launch's shape, so a fallback of another size
+    is asked for as many instances as hold the same nodes."""
+    shape = launch_shape(launch, view)
+    first = view.pool_by_name[launch.pool].pool
+    slots_wanted = launch.count * node_slots(first, shape)
+    steps = []
+    for position, name in chain:
+        pool_view = view.pool_by_name[name]
+        if slots_wanted <= 0:
+            steps.append(LaunchStep(name, 0, 0, position=position))
+            continue
+        per = node_slots(pool_view.pool, shape)
+        want = math.ceil(slots_wanted / per)
+        granted = allowance.admit_launch(pool_view, want)
+        steps.append(LaunchStep(name, want, granted, position=position))
+        slots_wanted -= granted * per
+    return tuple(steps)
+
+
+def _gang_primary(
+    launch: LaunchRequest,
+    chain: Sequence[tuple[int, str]],
+    view: FleetView,
+    allowance: Allowance,
+) -> tuple[LaunchStep, ...]:
+    """One multi-node job: its nodes come up whole in the first pool that admits them whole."""
+    size = launch.gang_size
+    steps = []
+    placed = False
+    for position, name in chain:
+        pool_view = view.pool_by_name[name]
+        granted = 0
+        if not placed:
+            granted = allowance.admit_launch(pool_view, size)
+            if granted < size:
+                allowance.refund(pool_view, granted)
+                granted = 0
+            placed = granted > 0
+        steps.append(LaunchStep(name, size, granted, position=position))
+    return tuple(steps)
+
+
+def _standby(intent: LaunchIntent, view: FleetView, allowance: Allowance) -> LaunchIntent:
+    """Room for each pool to take over what the pools before it in the chain fail to buy. It is
+    worked out as if those pools bought nothing (their grants given back for the moment), and
+    reserved, so whatever mix of failures happens, the limits hold."""
+    if intent.skipped is not None:
+        return intent
+    launch = intent.request
+    if launch.gang_size > 1:
+        return LaunchIntent(
+            launch,
+            intent.index,
+            gangs=tuple(_gang_standby(steps, view, allowance) for steps in intent.gangs),
+        )
+    shape = launch_shape(launch, view)
+    first = view.pool_by_name[launch.pool].pool
+    slots = launch.count * node_slots(first, shape)
+    steps = list(intent.steps)
+    for k, step in enumerate(steps):
+        if k == 0:
+            continue
+        pool_view = view.pool_by_name[step.pool]
+        need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
+        if need <= 0:
+            continue
+        earlier = [(view.pool_by_name[s.pool], s.granted) for s in steps[:k]]
+        for pv, count in earlier:
+            allowance.refund(pv, count)
+        standby = allowance.admit_launch(pool_view, need)
+        for pv, count in earlier:
+            allowance.hold(pv, count)
+        steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
+    return LaunchIntent(launch, intent.index, steps=tuple(steps))
+
+
+def _gang_standby(
+    steps: tuple[LaunchStep, ...], view: FleetView, allowance: Allowance
+) -> tuple[LaunchStep, ...]:
+    placed = next((k for k, s in enumerate(steps) if s.granted), None)
+    if placed is None:
+        return steps
+    primary = steps[placed]
+    out = list(steps)
+    primary_view = view.pool_by_name[primary.pool]
+    for k in range(placed + 1, len(steps)):
+        step = steps[k]
+        pool_view = view.pool_by_name[step.pool]
+        allowance.refund(primary_view, primary.granted)
+        standby = allowance.admit_launch(pool_view, step.wanted)
+        allowance.hold(primary_view, primary.granted)
+        if standby < step.wanted:
+            allowance.refund(pool_view, standby)
+            standby = 0
+        out[k] = LaunchStep(step.pool, step.wanted, 0, standby, step.position)
+    return tuple(out)

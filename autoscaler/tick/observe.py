@@ -24,6 +24,7 @@ from autoscaler.model import (
     Instance,
     InstanceState,
     InterruptionNotice,
+    NoticeKind,
     Plan,
     Pool,
     PoolView,
@@ -38,6 +39,7 @@ from autoscaler.spi.sources import (
     NodeSource,
     NodeUsage,
     QueueSource,
+    ReportsTargets,
     TelemetrySource,
 )
 from autoscaler.tick.evacuate import running_jobs_on
@@ -64,6 +66,8 @@ class Observation:
     polled: dict[str, list[InterruptionNotice]] = field(default_factory=dict)
     source_status: dict[tuple[str, str], bool] = field(default_factory=dict)
     source_age: dict[tuple[str, str], float] = field(default_factory=dict)
+    nodes_known: bool = False
+    notices: tuple[InterruptionNotice, ...] = ()  # every notice for an owned instance
 
 
 class NoticeSource(Protocol):
@@ -173,12 +177,30 @@ class Observer:
             onprem=reading.onprem,
             instances=self._cloud_nodes(reading.cloud, underused, at_risk),
             demand=demand,
-            notices=tuple(n for n in notices if n.instance_id in owned),
+            notices=tuple(n for n in notices if n.instance_id in owned and self._acted_on(n)),
             last_plan=last_plan,
         )
         for message in errors:
             log.warning("observe: %s", message)
-        return Observation(view, sync, errors, failed, polled, status, self._ages(now, status))
+        source = self.signals.nodes
+        nodes_known = source is not None and status.get(("nodes", source.name), False)
+        return Observation(
+            view,
+            sync,
+            errors,
+            failed,
+            polled,
+            status,
+            self._ages(now, status),
+            nodes_known,
+            tuple(n for n in notices if n.instance_id in owned),
+        )
+
+    def _acted_on(self, notice: InterruptionNotice) -> bool:
+        """A rebalance recommendation is in the view only while the controller acts on them
+        (``interruptions.act_on_rebalance``): otherwise a policy would buy a replacement for a
+        node nobody drains, and pay for both."""
+        return notice.kind is not NoticeKind.REBALANCE or self.config.interruptions.act_on_rebalance
 
     def _ages(
         self, now: float, status: dict[tuple[str, str], bool]
@@ -235,9 +257,8 @@ class Observer:
             except Exception as exc:
                 status[("telemetry", telemetry.name)] = False
                 errors.append(f"telemetry {telemetry.name}: {describe(exc)}")
-            targets = getattr(telemetry, "target_status", None)
-            if callable(targets):
-                for url, problem in targets().items():
+            if isinstance(telemetry, ReportsTargets):
+                for url, problem in telemetry.target_status().items():
                     status[("target", f"{telemetry.name} {url}")] = problem is None
         if not self.signals.telemetry:
             return reading

@@ -17,6 +17,7 @@ from autoscaler.ops.onprem_idle import (
     nodes_unknown,
     onprem_idle,
 )
+from autoscaler.tick.rules import registration
 
 if TYPE_CHECKING:
     from autoscaler.model.records import TickReport
@@ -63,6 +64,12 @@ class TickMetrics:
             metrics.actions.labels(action.kind, action.outcome).inc()
             if action.kind == "interruption" and action.outcome == "ok" and action.pool:
                 metrics.interruptions.labels(action.pool).inc()
+            if (
+                action.kind == "terminate"
+                and action.done
+                and action.detail.endswith(registration.SAID)
+            ):
+                metrics.registration_timeouts.labels(action.pool or "").inc(action.done)
             if action.kind == "evacuate":
                 metrics.evacuations.labels(action.outcome).inc()
                 if action.lost_gpu_s:

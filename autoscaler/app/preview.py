@@ -1,24 +1,23 @@
-"""What act would do with a guarded plan, worked out without doing any of it.
+"""What a tick would do, as plan mode prints it: read from the guard's intents of the real tick.
 
-Plan mode must show what the live controller would buy, give back and collect this tick, so it
-asks the guard's ``Allowance`` exactly as act does: launches in the plan's order, each walking
-its pools while the allowance grants less than was asked, fleet-wide limits ending the walk.
-The walk assumes every granted launch succeeds (a capacity failure cannot be known without
-asking the cloud to launch), so the preview is the plan act starts from, with the fallbacks it
+Plan mode runs the controller's real tick with an executor that records instead of calling the
+cloud, so what it shows is what the live controller would buy, give back and collect: the
+grants the guard made along each launch's chain when every first choice is fulfilled (a
+capacity failure cannot be known without asking the cloud to launch), with the fallbacks act
 would turn to listed beside each launch. Costs are live instances times their pool's quoted
 price: unknown, never zero, where a pool has no quote or its cloud could not be listed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 
 from pydantic import BaseModel, ConfigDict
 
 from autoscaler.model import LIVE_STATES, FleetView, LaunchRequest, PoolView
 from autoscaler.model.records import Clamp
-from autoscaler.tick.guard import GuardedPlan, launch_shape, node_slots
+from autoscaler.tick.intents import Intents, LaunchIntent, LaunchStep
+from autoscaler.tick.rules import orphans
 
 
 class Value(BaseModel):
@@ -96,12 +95,11 @@ class Preview(Value):
     cost_complete: bool
 
 
-def preview(view: FleetView, guarded: GuardedPlan, unlisted: Collection[str] = ()) -> Preview:
-    """The actions act would take for ``guarded`` on ``view``, in act's order and with its
-    limits. ``unlisted`` names providers whose listing failed: their pools' supply is unknown.
-    The allowance inside ``guarded`` is spent by this call, as act would spend it."""
+def preview(view: FleetView, intents: Intents, unlisted: Collection[str] = ()) -> Preview:
+    """The tick's intents on ``view``. ``unlisted`` names providers whose listing failed: their
+    pools' supply is unknown."""
     pools = view.pool_by_name
-    launches = _launches(view, guarded)
+    launches = tuple(_launch(intent) for intent in intents.launches)
     pool_of = {n.instance_id: n.pool for n in view.instances}
     drains = tuple(
         DrainPreview(
@@ -111,13 +109,13 @@ def preview(view: FleetView, guarded: GuardedPlan, unlisted: Collection[str] = (
             move_jobs=d.move_jobs,
             price_per_hour=_price(pools.get(pool_of[d.instance_id])),
         )
-        for d in guarded.drains
+        for d in intents.drains
     )
-    drained = {d.instance_id for d in drains}
-    orphans = tuple(
-        OrphanPreview(instance_id=n.instance_id, pool=n.pool, state=str(n.state))
-        for n in view.instances
-        if n.state in LIVE_STATES and n.pool not in pools and n.instance_id not in drained
+    states = {n.instance_id: n.state for n in view.instances}
+    collected = tuple(
+        OrphanPreview(instance_id=t.instance_id, pool=t.pool, state=str(states[t.instance_id]))
+        for t in intents.terminations
+        if t.reason == orphans.REASON and t.instance_id in states
     )
     costs = _pool_costs(view, launches, drains, set(unlisted))
     complete = all(c.cost_per_hour_now is not None for c in costs) and all(
@@ -126,8 +124,8 @@ def preview(view: FleetView, guarded: GuardedPlan, unlisted: Collection[str] = (
     return Preview(
         launches=launches,
         drains=drains,
-        orphans=orphans,
-        clamps=tuple(_clamp(c) for c in guarded.clamps),
+        orphans=collected,
+        clamps=tuple(_clamp(c) for c in intents.clamps),
         pools=costs,
         cost_per_hour_now=round(sum(c.cost_per_hour_now or 0.0 for c in costs), 6),
         cost_per_hour_after=round(sum(c.cost_per_hour_after or 0.0 for c in costs), 6),
@@ -135,56 +133,29 @@ def preview(view: FleetView, guarded: GuardedPlan, unlisted: Collection[str] = (
     )
 
 
-def _launches(view: FleetView, guarded: GuardedPlan) -> tuple[LaunchPreview, ...]:
-    """Act's launch loop (``Actuator.act`` and ``_launch``) with every granted launch taken as
-    fulfilled, and the capacity cache empty, as it is in a controller that has just started."""
-    allowance = guarded.allowance
-    planned = guarded.launches
-    found: list[LaunchPreview] = []
-    for index, launch in enumerate(planned):
-        if allowance.fleet_full():
-            before = len(allowance.clamps)
-            allowance.note_skipped(planned[index:])
-            rule = allowance.clamps[before].detail if len(allowance.clamps) > before else ""
-            found.extend(_skipped(rest, rule) for rest in planned[index:])
-            break
-        shape = launch_shape(launch, view)
-        first = view.pool_by_name[launch.pool].pool
-        attempts: list[LaunchAttempt] = []
-        if launch.gang_size > 1:
-            # Every gang comes up whole in the first pool that admits it whole.
-            for _ in range(launch.count // launch.gang_size):
-                for name in (launch.pool, *launch.fallbacks):
-                    pool_view = view.pool_by_name[name]
-                    granted = allowance.admit_launch(pool_view, launch.gang_size)
-                    if granted < launch.gang_size:
-                        allowance.refund(pool_view, granted)
-                        granted = 0
-                    attempts.append(
-                        LaunchAttempt(pool=name, wanted=launch.gang_size, granted=granted)
-                    )
-                    if granted:
-                        break
-        slots_wanted = 0 if launch.gang_size > 1 else launch.count * node_slots(first, shape)
-        for name in (launch.pool, *launch.fallbacks):
-            if slots_wanted <= 0:
+def _launch(intent: LaunchIntent) -> LaunchPreview:
+    """The pools a launch asks, in order, with what each is granted when every first choice is
+    fulfilled: the walk stops where the nodes are bought (a gang at the first pool that takes it
+    whole)."""
+    launch = intent.request
+    if intent.skipped is not None:
+        return _skipped(launch, intent.skipped)
+    steps: list[LaunchStep] = []
+    for gang in intent.gangs:
+        for step in gang:
+            steps.append(step)
+            if step.granted:
                 break
-            pool_view = view.pool_by_name[name]
-            per = node_slots(pool_view.pool, shape)
-            want = math.ceil(slots_wanted / per)
-            granted = allowance.admit_launch(pool_view, want)
-            attempts.append(LaunchAttempt(pool=name, wanted=want, granted=granted))
-            slots_wanted -= granted * per
-        found.append(
-            LaunchPreview(
-                pool=launch.pool,
-                count=launch.count,
-                reason=launch.reason,
-                fallbacks=launch.fallbacks,
-                attempts=tuple(attempts),
-            )
-        )
-    return tuple(found)
+    steps.extend(s for s in intent.steps if s.wanted > 0)
+    return LaunchPreview(
+        pool=launch.pool,
+        count=launch.count,
+        reason=launch.reason,
+        fallbacks=launch.fallbacks,
+        attempts=tuple(
+            LaunchAttempt(pool=s.pool, wanted=s.wanted, granted=s.granted) for s in steps
+        ),
+    )
 
 
 def _skipped(launch: LaunchRequest, why: str) -> LaunchPreview:

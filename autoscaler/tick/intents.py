@@ -1,0 +1,135 @@
+"""What the steps of a tick hand each other: requests before the guard, intents after it.
+
+The policy's plan and the controller's own rules (``autoscaler.tick.rules``) only *request*
+changes to the fleet. The guard is the one place that knows a limit: it turns the requests into
+``Intents`` — drains admitted, terminations of instances we own, and launches pre-granted pool
+by pool along each fallback chain. act executes intents and reports what happened; it decides
+nothing, so plan mode can run the very same tick with an executor that records instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoscaler.model import DrainRequest, LaunchRequest, Plan
+from autoscaler.model.records import Clamp
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """The cloud takes ``instance_id`` back at ``deadline``: no new work, its jobs leave."""
+
+    instance_id: str
+    pool: str
+    deadline: float | None
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something seen that changes nothing but is recorded (and, for an instance the cloud took
+    before we read its notice, counted against its pool as an interruption)."""
+
+    kind: str
+    instance_id: str
+    pool: str
+    outcome: str
+    detail: str
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Terminate:
+    instance_id: str
+    provider: str
+    pool: str
+    reason: str
+    rule: str = ""  # the rule that asked (the guard rate-limits some), "" for act's own drains
+
+
+@dataclass(frozen=True)
+class ContinueDrain:
+    """A drain under way: keep the node closed, and end it once its jobs are gone, or, once
+    ``timed_out``, by moving or evicting what still runs."""
+
+    instance_id: str
+    provider: str
+    pool: str
+    timed_out: bool
+    move_jobs: bool
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Capacity written off (a node that never joined) is bought again in its pool, if the
+    guard lets ``instance_id`` go."""
+
+    instance_id: str
+    launch: LaunchRequest
+
+
+@dataclass
+class Requests:
+    """Everything the controller's own rules ask of a tick, beside the policy's plan."""
+
+    notices: list[Interrupt | Note] = field(default_factory=list)
+    drains: list[DrainRequest] = field(default_factory=list)
+    continuing: list[ContinueDrain] = field(default_factory=list)
+    terminations: list[Terminate] = field(default_factory=list)
+    replacements: list[Replace] = field(default_factory=list)
+
+    @property
+    def interrupts(self) -> list[Interrupt]:
+        return [n for n in self.notices if isinstance(n, Interrupt)]
+
+    def claimed(self) -> set[str]:
+        """Instances a rule has already decided something for this tick."""
+        return (
+            {i.instance_id for i in self.interrupts}
+            | {t.instance_id for t in self.terminations}
+            | {d.instance_id for d in self.drains}
+        )
+
+
+@dataclass(frozen=True)
+class LaunchStep:
+    """One pool of a launch's chain: ``granted`` instances the guard lets it buy when every
+    earlier step is fulfilled, and ``standby`` more it may buy only for what earlier steps of
+    the same chain failed to buy. ``wanted`` is what the all-success walk asked of it."""
+
+    pool: str
+    wanted: int
+    granted: int
+    standby: int = 0
+    position: int = 0  # where the pool stands in the launch's chain (first choice: 0)
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    request: LaunchRequest
+    index: int
+    steps: tuple[LaunchStep, ...] = ()
+    gangs: tuple[tuple[LaunchStep, ...], ...] = ()
+    skipped: str | None = None
+
+    @property
+    def granted(self) -> int:
+        """Instances bought if every first choice is fulfilled."""
+        return sum(s.granted for s in self.steps) + sum(
+            s.granted for gang in self.gangs for s in gang
+        )
+
+
+@dataclass
+class Intents:
+    """The tick's requests as the guard lets them through."""
+
+    plan: Plan
+    notices: tuple[Interrupt | Note, ...] = ()
+    drains: tuple[DrainRequest, ...] = ()
+    at_risk: tuple[str, ...] = ()
+    continuing: tuple[ContinueDrain, ...] = ()
+    terminations: tuple[Terminate, ...] = ()
+    launches: tuple[LaunchIntent, ...] = ()
+    clamps: list[Clamp] = field(default_factory=list)
