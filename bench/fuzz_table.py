@@ -9,14 +9,20 @@ per second, and the first few examples of every failure kind.
 
     .venv/bin/python bench/fuzz_table.py                       # 2,000 inputs per boundary
     .venv/bin/python bench/fuzz_table.py --inputs 200000 --jobs 2 --only slurm
+    .venv/bin/python bench/fuzz_table.py --only slurm --inputs 1000000 --state slurm.json
     make fuzz                                                  # the 30-minute pre-release run
+
+``--state FILE`` (one boundary) saves the tally every minute and resumes from it, so a run of
+hours survives being stopped and can be finished later: input *i* is the same input either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import time
@@ -77,10 +83,46 @@ class Row:
                 kept.append(f"{detail} <- {data}")
 
 
-def run_boundary(module: str, index: int, name: str, inputs: int, seed: int, hang_s: float) -> Row:
+def _load_state(path: Path | None, name: str, inputs: int, seed: int) -> tuple[Row, int]:
     row = Row(name)
-    started = time.perf_counter()
-    next_input = 0
+    if path is None or not path.exists():
+        return row, 0
+    saved = json.loads(path.read_text())
+    if (saved["name"], saved["inputs"], saved["seed"]) != (name, inputs, seed):
+        raise SystemExit(f"{path}: saved for another run ({saved['name']}, {saved['inputs']})")
+    row.counts.update(saved["counts"])
+    row.examples = saved["examples"]
+    row.seconds = saved["seconds"]
+    return row, int(saved["next_input"])
+
+
+def _save_state(path: Path, row: Row, inputs: int, seed: int, next_input: int) -> None:
+    data = {
+        "name": row.name,
+        "inputs": inputs,
+        "seed": seed,
+        "next_input": next_input,
+        "counts": dict(row.counts),
+        "examples": row.examples,
+        "seconds": row.seconds,
+    }
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(data))
+    os.replace(scratch, path)
+
+
+def run_boundary(
+    module: str,
+    index: int,
+    name: str,
+    inputs: int,
+    seed: int,
+    hang_s: float,
+    state: Path | None = None,
+) -> Row:
+    row, next_input = _load_state(state, name, inputs, seed)
+    started = time.perf_counter() - row.seconds
+    saved_at = time.perf_counter()
     context = mp.get_context("spawn")
     while next_input < inputs:
         receiver, sender = context.Pipe(duplex=False)
@@ -109,6 +151,10 @@ def run_boundary(module: str, index: int, name: str, inputs: int, seed: int, han
                     row.add(message[2], message[3], message[4])
                     current = None
                     next_input = message[1] + 1
+                    if state is not None and time.perf_counter() - saved_at > 60:
+                        row.seconds = time.perf_counter() - started
+                        _save_state(state, row, inputs, seed, next_input)
+                        saved_at = time.perf_counter()
                 else:
                     ended = True
             elif current is not None and time.perf_counter() - since > limit:
@@ -125,6 +171,8 @@ def run_boundary(module: str, index: int, name: str, inputs: int, seed: int, han
                 ended = True
         worker.join(5)
     row.seconds = time.perf_counter() - started
+    if state is not None:
+        _save_state(state, row, inputs, seed, next_input)
     return row
 
 
@@ -156,16 +204,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hang-s", type=float, default=10.0)
     parser.add_argument("--only", action="append", default=[], help="boundary name part")
     parser.add_argument("--jobs", type=int, default=2, help="boundaries fuzzed at once")
+    parser.add_argument("--state", type=Path, help="save and resume the tally here (one boundary)")
     args = parser.parse_args(argv)
     found = _boundaries(args.only)
     if not found:
         print("no boundary matched", file=sys.stderr)
         return 2
+    if args.state is not None and len(found) != 1:
+        print("--state needs exactly one boundary (narrow it with --only)", file=sys.stderr)
+        return 2
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = [
-            pool.submit(run_boundary, module, index, name, args.inputs, args.seed, args.hang_s)
+            pool.submit(
+                run_boundary, module, index, name, args.inputs, args.seed, args.hang_s, args.state
+            )
             for module, index, name in found
         ]
         rows = []
