@@ -5,6 +5,7 @@ tag, queue message and pending job is as it was."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -278,6 +279,9 @@ def test_plan_reads_three_clouds_and_a_queue_prints_the_tick_and_changes_nothing
     }
     assert report["cost_per_hour_now"] == pytest.approx(2 * 0.50 + 1.20 + 0.30)
     assert report["cost_per_hour_after"] == pytest.approx(7 * 0.50 + 1.20 + 2 * 0.30)
+    left = (month_end(report["at"]) - report["at"]) / 3600
+    assert report["hours_left_in_month"] == pytest.approx(left, abs=0.01)
+    assert report["month_end_run_cost"] == pytest.approx((7 * 0.50 + 1.20 + 2 * 0.30) * left, 0.01)
     assert {s["name"]: s["ok"] for s in report["sources"]} == {
         "aws": True,
         "gcp": True,
@@ -287,6 +291,7 @@ def test_plan_reads_three_clouds_and_a_queue_prints_the_tick_and_changes_nothing
 
     out = text.stdout
     assert "demand: 12 pending job(s), 12 GPU(s)" in out
+    assert "projected month-end: $" in out and "plus this month's spend so far" in out
     assert table_row(out, "aws-a10g")[3:] == ["$0.5000", "2", "+5", "-0", "7", "$1.0000", "$3.5000"]
     assert table_row(out, "azure-t4")[3:] == ["$0.3000", "1", "+1", "-0", "2", "$0.3000", "$0.6000"]
     assert table_row(out, "total")[1:] == ["4", "+6", "-0", "10", "$2.5000", "$5.3000"]
@@ -320,6 +325,13 @@ def test_plan_reads_three_clouds_and_a_queue_prints_the_tick_and_changes_nothing
         waiting["ApproximateNumberOfMessagesNotVisible"],
     ) == ("1", "0")
     assert redis_server.client().llen(key) == 12
+
+
+def month_end(at: float) -> float:
+    """The start of the next calendar month (UTC) after ``at``, in epoch seconds."""
+    now = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    year, month = (now.year + 1, 1) if now.month == 12 else (now.year, now.month + 1)
+    return datetime.datetime(year, month, 1, tzinfo=datetime.UTC).timestamp()
 
 
 def aws_only(proxy: RecordingProxy, tmp_path: Path, source: dict[str, Any]) -> dict[str, Any]:
