@@ -176,15 +176,15 @@ def listing(url: str, instances: int, repeats: int, compare: bool) -> dict[str, 
     provider.list_instances(FLEET + "-list")  # a steady one: only the fleet tag
     before: list[float] = []
     everything = [{"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
-    instances = provider.instances
+    ours = provider.instances
     if compare:
-        sum(1 for _ in instances.describe(REGION, everything))
+        sum(1 for _ in ours.describe(REGION, everything))
     moto_s = time.perf_counter() - started
     replay.replaying = True
     if compare:
         for _ in range(repeats):
             started = time.perf_counter()
-            [instances.instance(raw, REGION) for raw in instances.describe(REGION, everything)]
+            [ours.instance(raw, REGION) for raw in ours.describe(REGION, everything)]
             before.append(time.perf_counter() - started)
     steady: list[tuple[float, float, float]] = []
     first: list[tuple[float, float, float]] = []
