@@ -1098,7 +1098,9 @@ class GcpWorld:
 @pytest.fixture(scope="session")
 def compute_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComputeEmulator]:
     """The emulator, and for the session (subprocesses included) the environment through which
-    Application Default Credentials find its token endpoint."""
+    Application Default Credentials find its metadata server. google-auth reads
+    ``GCE_METADATA_HOST`` when it first imports its metadata module, which no test does before
+    a provider of this session asks for credentials."""
     emulator = ComputeEmulator()
     emulator.start()
     with pytest.MonkeyPatch.context() as patch:
