@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoscaler.fleet.instances import (
     ALLOWED,
@@ -90,3 +94,36 @@ def test_an_instance_adopted_while_shutting_down_holds_no_capacity() -> None:
     table.sync([("aws", instance("leaving", S.TERMINATING))], now=0.0, providers_listed={"aws"})
     record = table.get("leaving")
     assert record is not None and record.state is S.TERMINATING and not record.live
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["i-1", "i-2", "i-3"]),
+            st.sampled_from(list(S)),
+            st.sampled_from(["p", "q"]),
+        ),
+        max_size=30,
+    )
+)
+def test_the_state_and_pool_indexes_always_agree_with_the_records(
+    moves: list[tuple[str, InstanceState, str]],
+) -> None:
+    """Whatever order of launches, moves (allowed or not) and syncs: ``in_state`` and
+    ``live_in_pool`` give exactly what a pass over every record would."""
+    table = InstanceTable(keep_terminated_s=0.0)
+    for now, (instance_id, state, pool_name) in enumerate(moves):
+        if table.get(instance_id) is None:
+            table.apply(Launched(instance(instance_id, pool=pool_name), "aws"), float(now))
+        else:
+            with contextlib.suppress(IllegalTransitionError):
+                table.apply(Moved(instance_id, state, "moved"), float(now))
+        if now % 7 == 6:
+            table.sync([], float(now) + 10.0, providers_listed={"aws"})
+    for state in S:
+        assert {r.id for r in table.in_state(state)} == {r.id for r in table if r.state is state}
+    for pool_name in ("p", "q"):
+        expected = {r.id for r in table.live() if r.pool == pool_name}
+        assert {r.id for r in table.live_in_pool(pool_name)} == expected
+    assert set(table.live_pools()) == {r.pool for r in table.live()}

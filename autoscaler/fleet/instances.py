@@ -127,6 +127,10 @@ class InstanceTable:
         self.request_timeout_s = request_timeout_s
         self.keep_terminated_s = keep_terminated_s
         self._records: dict[str, InstanceRecord] = {}
+        # Indexes kept by the one writer, so a rule asks for the draining or interrupted
+        # records, or a pool's, without a pass over a fleet of 10,000.
+        self._by_state: dict[InstanceState, dict[str, InstanceRecord]] = {s: {} for s in S}
+        self._live_by_pool: dict[str, dict[str, InstanceRecord]] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -140,6 +144,31 @@ class InstanceTable:
     def live(self) -> Iterator[InstanceRecord]:
         return (r for r in self._records.values() if r.state in LIVE_STATES)
 
+    def in_state(self, state: InstanceState) -> list[InstanceRecord]:
+        """The records in ``state``, oldest first."""
+        return list(self._by_state[state].values())
+
+    def live_pools(self) -> list[str]:
+        """The pools that hold a live record."""
+        return [pool for pool, records in self._live_by_pool.items() if records]
+
+    def live_in_pool(self, pool: str) -> list[InstanceRecord]:
+        return list(self._live_by_pool.get(pool, {}).values())
+
+    def _index(self, record: InstanceRecord, before: InstanceState | None) -> None:
+        if before is not None:
+            self._by_state[before].pop(record.id, None)
+            if before in LIVE_STATES:
+                self._live_by_pool.get(record.pool, {}).pop(record.id, None)
+        self._by_state[record.state][record.id] = record
+        if record.state in LIVE_STATES:
+            self._live_by_pool.setdefault(record.pool, {})[record.id] = record
+
+    def _forget(self, record: InstanceRecord) -> None:
+        del self._records[record.id]
+        self._by_state[record.state].pop(record.id, None)
+        self._live_by_pool.get(record.pool, {}).pop(record.id, None)
+
     def apply(self, update: InstanceUpdate, now: float) -> InstanceRecord | None:
         """The one way a record is made or changed. A move the transition table does not allow
         raises ``IllegalTransitionError``; a move of an unknown instance is ignored (None)."""
@@ -148,7 +177,10 @@ class InstanceTable:
         record = self._records.get(update.instance_id)
         if record is None:
             return None
+        before = record.state
         record._move(update.state, now, update.reason)
+        if record.state is not before:
+            self._index(record, before)
         if update.deadline is not None:
             record.interrupt_deadline = update.deadline
         if update.move_jobs is not None:
@@ -176,6 +208,7 @@ class InstanceTable:
             history=[(state, now, reason)],
         )
         self._records[instance.id] = record
+        self._index(record, None)
         return record
 
     def sync(
@@ -204,7 +237,7 @@ class InstanceTable:
                 continue
             if record.state is S.TERMINATED:
                 if now - record.updated_at > self.keep_terminated_s:
-                    del self._records[record.id]
+                    self._forget(record)
                 continue
             if record.state is S.REQUESTED and now - record.launched_at < self.request_timeout_s:
                 continue

@@ -549,20 +549,22 @@ def _standby(intent: LaunchIntent, view: FleetView, allowance: Allowance) -> Lau
     first = view.pool_by_name[launch.pool].pool
     slots = launch.count * node_slots(first, shape)
     steps = list(intent.steps)
+    credited: list[tuple[PoolView, int]] = []
     for k, step in enumerate(steps):
-        if k == 0:
-            continue
-        pool_view = view.pool_by_name[step.pool]
-        need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
-        if need <= 0:
-            continue
-        earlier = [(view.pool_by_name[s.pool], s.granted) for s in steps[:k]]
-        for pv, count in earlier:
-            allowance.refund(pv, count)
-        standby = allowance.admit_launch(pool_view, need)
-        for pv, count in earlier:
-            allowance.hold(pv, count)
-        steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
+        if k > 0:
+            # the pools before this one, as if they bought nothing: given back once each, in
+            # turn, and all taken again at the end (linear in the chain's length)
+            earlier = steps[k - 1]
+            earlier_view = view.pool_by_name[earlier.pool]
+            allowance.refund(earlier_view, earlier.granted)
+            credited.append((earlier_view, earlier.granted))
+            pool_view = view.pool_by_name[step.pool]
+            need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
+            if need > 0:
+                standby = allowance.admit_launch(pool_view, need)
+                steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
+    for pool_view, count in credited:
+        allowance.hold(pool_view, count)
     return LaunchIntent(launch, intent.index, steps=tuple(steps))
 
 

@@ -13,8 +13,8 @@ def requests(
     view: FleetView, table: InstanceTable, config: ControllerConfig, requests: Requests
 ) -> None:
     claimed = requests.claimed()
-    for record in table.live():
-        if record.state is not InstanceState.DRAINING or record.id in claimed:
+    for record in table.in_state(InstanceState.DRAINING):
+        if record.id in claimed:
             continue
         started = record.drain_started_at if record.drain_started_at is not None else view.now
         requests.continuing.append(

@@ -16,8 +16,11 @@ def requests(
 ) -> None:
     pools = {p.name for p in config.pools}
     claimed = requests.claimed()
-    for record in table.live():
-        if record.pool not in pools and record.id not in claimed:
+    stray = [
+        r for pool in table.live_pools() if pool not in pools for r in table.live_in_pool(pool)
+    ]
+    for record in sorted(stray, key=lambda r: r.launched_at):
+        if record.id not in claimed:
             requests.terminations.append(
                 Terminate(record.id, record.provider, record.pool, REASON, RULE)
             )

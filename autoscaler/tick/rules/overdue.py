@@ -13,12 +13,8 @@ REASON = "interrupted and still running past its deadline"
 
 
 def requests(view: FleetView, table: InstanceTable, requests: Requests) -> None:
-    for record in table.live():
-        if (
-            record.state is InstanceState.INTERRUPTED
-            and record.interrupt_deadline is not None
-            and view.now > record.interrupt_deadline + GRACE_S
-        ):
+    for record in table.in_state(InstanceState.INTERRUPTED):
+        if record.interrupt_deadline is not None and view.now > record.interrupt_deadline + GRACE_S:
             requests.terminations.append(
                 Terminate(record.id, record.provider, record.pool, REASON, RULE)
             )
