@@ -2,6 +2,13 @@
 socket, slurmctld and two slurmd nodes with four fake A100s each, and a ``Nodeset`` that dynamic
 cloud nodes (``slurmd -Z``) join by the ``gpu-autoscaler`` feature.
 
+A test may start a cluster of its own ``Layout``: other partitions, and *reserve nodes*, static
+nodes declared ``State=FUTURE`` with features and a port of their own, which Slurm lists nowhere
+until the test starts their slurmd (``start_reserve_node``) and forgets again when it stops them.
+Only one dynamic node per host can listen on the cluster's ``SlurmdPort`` (slurmctld sends a
+dynamic node's messages there, whatever port the node has), so a test that needs several cloud
+nodes joins one through the boot script and brings the others up from the reserve.
+
 Every port is free-picked and every file lives in the worker's own directory, so xdist workers
 each run their own cluster. Daemons are stopped by the pids in their pid files, never by name.
 """
@@ -17,7 +24,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +37,26 @@ CLOUD_FEATURE = "gpu-autoscaler"
 START_TIMEOUT_S = 20.0
 
 T = TypeVar("T")
+
+DEFAULT_PARTITIONS = (
+    f"Nodeset=cloudnodes Feature={CLOUD_FEATURE}\n"
+    "PartitionName=gpu Nodes={onprem},cloudnodes Default=YES MaxTime=INFINITE State=UP\n"
+    "PartitionName=onprem Nodes={onprem} MaxTime=INFINITE State=UP\n"
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a cluster has besides its on-prem nodes: ``partitions`` (slurm.conf lines; ``{onprem}``
+    stands for the on-prem node list; keep an ``onprem`` partition of them, which ``reset`` waits
+    on), ``reserve`` nodes (name -> features), ``scheduler`` (``SchedulerParameters``) and
+    ``cred_expire`` (the job credential lifetime, 120 s by default, which is also how long a
+    requeued job must stay off the node it left)."""
+
+    partitions: str = DEFAULT_PARTITIONS
+    reserve: tuple[tuple[str, str], ...] = ()
+    scheduler: str | None = None
+    cred_expire: int | None = None
 
 
 def free_port() -> int:
@@ -49,6 +76,7 @@ class SlurmCluster:
     gpu_model: str
     cloud_feature: str
     gpu_dir: Path
+    reserve_nodes: tuple[str, ...] = field(default=())
 
     @property
     def env(self) -> dict[str, str]:
@@ -120,14 +148,21 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -
         time.sleep(0.1)
 
 
-def _slurm_conf(root: Path, munge_socket: Path, gpu_dir: Path) -> str:
+def _slurm_conf(root: Path, munge_socket: Path, gpu_dir: Path, layout: Layout = Layout()) -> str:
     host = socket.gethostname().split(".")[0]
     node_lines = "\n".join(
         f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={host} Port={free_port()} CPUs=8 "
         f"RealMemory=4000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE} State=UNKNOWN"
         for name in ONPREM_NODES
     )
+    reserve_lines = "".join(
+        f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={host} Port={free_port()} CPUs=8 "
+        f"RealMemory=4000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE} Feature={features} State=FUTURE\n"
+        for name, features in layout.reserve
+    )
     onprem = ",".join(ONPREM_NODES)
+    scheduler = f"SchedulerParameters={layout.scheduler}\n" if layout.scheduler else ""
+    credential = f",cred_expire={layout.cred_expire}" if layout.cred_expire else ""
     return f"""\
 ClusterName=autoscaler{os.getpid()}
 SlurmctldHost={host}(127.0.0.1)
@@ -136,7 +171,7 @@ SlurmUser=root
 SlurmdUser=root
 SlurmdPort={free_port()}
 AuthType=auth/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket}{credential}
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
@@ -160,12 +195,9 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 KillWait=1
 MinJobAge=30
-MaxNodeCount={len(ONPREM_NODES) + 4}
-{node_lines}
-Nodeset=cloudnodes Feature={CLOUD_FEATURE}
-PartitionName=gpu Nodes={onprem},cloudnodes Default=YES MaxTime=INFINITE State=UP
-PartitionName=onprem Nodes={onprem} MaxTime=INFINITE State=UP
-"""
+MaxNodeCount={len(ONPREM_NODES) + len(layout.reserve) + 4}
+{scheduler}{node_lines}
+{reserve_lines}{layout.partitions.replace("{onprem}", onprem)}"""
 
 
 def _alive(pid: int) -> bool:
@@ -222,7 +254,7 @@ def _start_munge(munge_dir: Path) -> Path:
     return munge_socket
 
 
-def start_slurm_cluster(root: Path) -> SlurmCluster:
+def start_slurm_cluster(root: Path, layout: Layout = Layout()) -> SlurmCluster:
     """Start munged, slurmctld and the on-prem slurmds; wait until every node is idle."""
     munge_dir = Path(tempfile.mkdtemp(prefix="autoscaler-munge-"))
     munge_dir.chmod(0o755)
@@ -240,10 +272,11 @@ def start_slurm_cluster(root: Path) -> SlurmCluster:
         gpu_model=GPU_MODEL,
         cloud_feature=CLOUD_FEATURE,
         gpu_dir=gpu_dir,
+        reserve_nodes=tuple(name for name, _ in layout.reserve),
     )
     try:
         munge_socket = _start_munge(munge_dir)
-        cluster.conf.write_text(_slurm_conf(root, munge_socket, gpu_dir))
+        cluster.conf.write_text(_slurm_conf(root, munge_socket, gpu_dir, layout))
         (root / "gres.conf").write_text(
             f"AutoDetect=off\nName=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]\n"
         )
@@ -273,6 +306,21 @@ def _all_idle(cluster: SlurmCluster) -> bool:
     )
     states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
     return done.returncode == 0 and all(states.get(n) == "idle" for n in ONPREM_NODES)
+
+
+def start_reserve_node(cluster: SlurmCluster, name: str) -> None:
+    """Bring a reserve node up: its slurmd registers it, and Slurm lists it idle, with its
+    features, in the partitions its features put it in."""
+    subprocess.run(
+        ["slurmd", "-N", name], env=cluster.env, check=True, capture_output=True, timeout=10
+    )
+
+
+def stop_reserve_node(cluster: SlurmCluster, name: str) -> None:
+    """Stop a reserve node's slurmd and put it back in the reserve (``State=FUTURE``), where no
+    listing shows it; its jobs must be gone first."""
+    stop_pid_files([cluster.root / f"slurmd-{name}.pid"])
+    cluster.run("scontrol", "update", f"nodename={name}", "state=future")
 
 
 def stop_slurm_cluster(cluster: SlurmCluster) -> None:

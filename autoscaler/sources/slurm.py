@@ -6,8 +6,11 @@ in 22.05. Each runs with a list of arguments (no shell) and a timeout, and anyth
 wrong becomes one ``SourceError`` line naming the command.
 
 Cloud nodes are dynamic Slurm nodes named by their instance id and carrying ``cloud_feature``
-(``join-cloud-node.sh`` starts them), so what the cloud lists and what Slurm runs meet on one
-name. See docs/slurm.md for the slurm.conf lines and the ``--comment`` convention.
+and their market, pool and GPU model (``join-cloud-node.sh`` starts them), so what the cloud
+lists and what Slurm runs meet on one name. Placement is Slurm's own doing: node weights, spot
+nodes in partitions of their own that only jobs allowed on spot are put in, and exclusions that
+keep a job moved off an on-prem node away from it (``slurm_placement``). See docs/slurm.md for
+the slurm.conf lines and the ``--comment`` convention.
 """
 
 from __future__ import annotations
@@ -16,31 +19,55 @@ import logging
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from autoscaler.model import DemandGroup, OnPremUse, Placement
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.sources.slurm_json import (
+    ACTIVE_STATES,
     NODE_LIMIT_REASON,
     DemandRules,
     NodeGpus,
     NodeRules,
+    QueuedJob,
     active_jobs_on,
     cloud_node_weights,
     demand_groups,
+    fold,
+    iter_pending,
+    load_jobs,
+    one_line,
     onprem_nodes,
+    queue_facts,
     read_nodes,
+    read_queue,
     read_running_jobs,
 )
-from autoscaler.spi.sources import NodeReading, NodeUsage, RunningJob
+from autoscaler.sources.slurm_placement import (
+    Hold,
+    QueueIndex,
+    Step,
+    hold_steps,
+    partition_plan,
+)
+from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
 
 DEFAULT_IGNORED_REASONS = (
     "Dependency",
@@ -66,11 +93,25 @@ DEFAULT_IGNORED_REASON_PREFIXES = ("AssocGrp", "AssocMax", "QOSGrp", "QOSMax", "
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NODE_COUNT = re.compile(r"[0-9]{1,10}")
+_PARTITION = re.compile(r"^[A-Za-z0-9_.-]+$")
+# What ``scontrol update`` says of a job that started or ended since the queue was read: the
+# next tick reads it again, so these are not failures.
+_GONE_BY_NOW = ("no longer pending", "invalid job id", "already completed")
 
 log = logging.getLogger(__name__)
 _QUOTED_NODE_LIMIT = f'"{NODE_LIMIT_REASON}"'.encode()
 REQUEUE_RELEASE_S = 10.0
+# A requeued job may start again two seconds from now, not at once: slurmd refuses, for good, a
+# job whose new credential is dated no later than the second its last run's was revoked in
+# ("Job credential revoked"), which is what a restart on the same node within that second is.
+RELEASED = "starttime=now+2"
+# How old the queue ``read`` left may be for ``apply_placement`` to use it: the same tick's.
+QUEUE_REUSE_S = 30.0
+DEFAULT_CRED_EXPIRE_S = 120.0
+CREDENTIAL_MARGIN_S = 5.0
+_CRED_EXPIRE = re.compile(r"^AuthInfo\s*=.*\bcred_expire=([0-9]{1,6})\b", re.MULTILINE)
 DRAIN_BATCH = 200
+JOB_BATCH = 200
 
 
 class SlurmSettings(BaseModel):
@@ -119,6 +160,33 @@ class SlurmSettings(BaseModel):
     forget_timeout_s: float = Field(
         30.0, gt=0, le=600, description="how long forget waits for a node's jobs to clear"
     )
+    spot_partitions: dict[str, str] = Field(
+        default_factory=dict,
+        description="base partition -> its spot twin, the partition the spot cloud nodes are in "
+        "(gpu: gpu-spot): pending GPU jobs of the base partition are put in the twin only while "
+        "the placement lets them run on spot (docs/slurm.md)",
+    )
+    placement_jobs_per_tick: PositiveInt = Field(
+        5000, description="the most pending jobs whose partitions one tick changes"
+    )
+    move_hold_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="the longest a job moved off a node is kept off it while the job it made "
+        "room for has not started",
+    )
+
+    @field_validator("spot_partitions")
+    @classmethod
+    def _twins(cls, value: dict[str, str]) -> dict[str, str]:
+        for base, twin in value.items():
+            for name in (base, twin):
+                if not _PARTITION.fullmatch(name):
+                    raise ValueError(f"{name!r} is not a partition name")
+            if twin in value:
+                raise ValueError(f"{twin!r} is both a base partition and a spot twin")
+        return value
 
     @field_validator("bin_dir", "slurm_conf")
     @classmethod
@@ -133,8 +201,9 @@ class _BusyError(SourceError):
 
 
 class SlurmAdapter:
-    """Queue source (``read``), node source (``read_nodes``), workload scheduler and checkpointing
-    scheduler (``running_jobs``, ``signal``, ``requeue``)."""
+    """Queue source (``read``), node source (``read_nodes``), workload scheduler, checkpointing
+    scheduler (``running_jobs``, ``signal``, ``requeue``) and mover of jobs off on-prem nodes
+    (``move_off``)."""
 
     def __init__(self, settings: SlurmSettings, name: str = "slurm") -> None:
         self.settings = settings
@@ -158,6 +227,12 @@ class SlurmAdapter:
             dict(settings.feature_gpu_memory_gib),
         )
         self._empty_since: dict[str, float] = {}
+        self._holds: dict[str, Hold] = {}
+        # move_off may run on the controller's worker threads while a tick reads the holds.
+        self._holds_lock = threading.Lock()
+        self._credential: float | None = None
+        self._queue: tuple[float, frozenset[str], list[QueuedJob]] | None = None
+        self._bases = frozenset(settings.spot_partitions)
         self._env = dict(os.environ)
         if settings.slurm_conf:
             self._env["SLURM_CONF"] = settings.slurm_conf
@@ -167,12 +242,13 @@ class SlurmAdapter:
         parsed = validate_settings(SlurmSettings, dict(settings), field=f"sources.{name}")
         return cls(parsed, name)
 
-    def _run(self, *args: str) -> bytes:
+    def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        """Run a command; only a command that could not run (missing, not executable, no answer
+        in time) raises here."""
         command = args[0]
         program = str(Path(self.settings.bin_dir) / command) if self.settings.bin_dir else command
-        shown = " ".join(args[:3])
         try:
-            done = subprocess.run(
+            return subprocess.run(
                 [program, *args[1:]],
                 env=self._env,
                 capture_output=True,
@@ -185,9 +261,14 @@ class SlurmAdapter:
         except PermissionError:
             raise SourceError(f"{command}: not executable ({program})") from None
         except subprocess.TimeoutExpired:
+            shown = " ".join(args[:3])
             raise SourceError(
                 f"{shown}: no answer within {self.settings.command_timeout_s:g}s"
             ) from None
+
+    def _run(self, *args: str) -> bytes:
+        done = self._call(*args)
+        shown = " ".join(args[:3])
         if done.returncode != 0:
             text = (
                 done.stderr.decode(errors="replace").strip()
@@ -207,7 +288,14 @@ class SlurmAdapter:
         rules = self.rules
         if NODE_LIMIT_REASON not in rules.ignored_reasons and _QUOTED_NODE_LIMIT in text:
             rules = replace(rules, partition_nodes=self._partition_nodes())
-        return demand_groups(text, rules)
+        if not (self.settings.spot_partitions or self._holds):
+            return demand_groups(text, rules)
+        jobs = load_jobs(text)
+        groups = fold(iter_pending(jobs, rules))
+        ids = self._hold_ids()
+        facts = queue_facts(jobs, self.rules, self._bases, ids)
+        self._queue = (time.monotonic(), ids, facts)
+        return groups
 
     def _partition_nodes(self) -> dict[str, tuple[int, int | None]]:
         """Each partition's MinNodes and MaxNodes (None: UNLIMITED) from ``scontrol show
@@ -297,11 +385,23 @@ class SlurmAdapter:
         return requeued
 
     def requeue(self, job_id: str) -> None:
-        """Requeue the job and lift the two-minute hold (its begin time) Slurm puts on a requeued
-        job once it is pending again, so it can restart on the replacement capacity as soon as
-        there is room, and counts as demand meanwhile."""
+        """Requeue the job and shorten the two-minute hold (its begin time) Slurm puts on a
+        requeued job to two seconds once it is pending again, so it can restart on the
+        replacement capacity as soon as there is room, and counts as demand meanwhile; the two
+        seconds keep it from starting again on the node it left within the second its last run
+        ended there, which slurmd would refuse for good."""
         job = _check_job(job_id)
         self._run("scontrol", "requeue", job)
+        if self._settled(job) != "PENDING":
+            return
+        try:
+            self._run("scontrol", "update", f"jobid={job}", RELEASED)
+        except SourceError as exc:
+            log.warning("job %s requeued, but it keeps Slurm's hold: %s", job, exc)
+
+    def _settled(self, job: str) -> str:
+        """The state of a job just requeued, once it has stopped completing (or the wait is
+        over)."""
         give_up = time.monotonic() + REQUEUE_RELEASE_S
         state = "COMPLETING"
         while time.monotonic() < give_up:
@@ -310,12 +410,104 @@ class SlurmAdapter:
             if state != "COMPLETING":
                 break
             time.sleep(0.1)
-        if state != "PENDING":
-            return
+        return state
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        """Requeue a job running on ``node`` and keep it off that node (its ``ExcNodeList``, with
+        its own exclusions kept) until ``for_job`` has started there, has started elsewhere or
+        has left the queue, or ``move_hold_s`` has passed, and in any case until Slurm's job
+        credential lifetime (``cred_expire``) has passed since the requeue: a job that starts
+        again sooner on the node it left is killed there for good. ``apply_placement`` lifts
+        the hold.
+
+        The exclusion is set in the same ``scontrol update`` that lifts the begin-time hold
+        Slurm puts on a requeued job, so the job cannot start anywhere before it is in place; a
+        job still completing after the wait gets both on the next tick, still inside that hold.
+        A job that is not running on ``node``, or that may run only there (``--nodelist``), is
+        not requeued: it would wait for nothing."""
+        job, target = _check_job(job_id), _check_job(for_job)
+        _check_node(node)
+        what = f"move job {job} off {node}"
+        line = self._run("squeue", "-h", "-j", job, "-o", "%T|%N|%x|%n").decode(errors="replace")
+        fields = line.strip().split("|")
+        if len(fields) != 4:
+            raise SourceError(f"{what}: it is not in the queue")
+        state, nodes, excluded, required = fields
+        if state not in ACTIVE_STATES:
+            raise SourceError(f"{what}: it is {state[:40]}, not running")
+        if node not in self._hostnames(nodes):
+            raise SourceError(f"{what}: it runs on {nodes[:80] or 'no node'}")
+        if required and node in self._hostnames(required):
+            raise SourceError(f"{what}: it asked for that node (--nodelist {required[:80]})")
+        credential_s = self._credential_s()
+        self._run("scontrol", "requeue", job)
+        requeued = time.monotonic()
+        hold = Hold(
+            job_id=job,
+            node=node,
+            for_job=target,
+            since=time.time(),
+            not_before=requeued + credential_s + CREDENTIAL_MARGIN_S,
+            until=requeued + max(self.settings.move_hold_s, credential_s + CREDENTIAL_MARGIN_S),
+            excluded=excluded,
+        )
+        with self._holds_lock:
+            self._holds[job] = hold
+        if self._settled(job) == "PENDING":
+            self._apply_hold(hold)
+
+    def _credential_s(self) -> float:
+        """Slurm's job credential lifetime (``AuthInfo`` ``cred_expire``, 120 s unless set),
+        read once: how long a requeued job must stay off the node it left."""
+        if self._credential is None:
+            text = self._run("scontrol", "show", "config").decode(errors="replace")
+            found = _CRED_EXPIRE.search(text)
+            self._credential = float(found.group(1)) if found else DEFAULT_CRED_EXPIRE_S
+        return self._credential
+
+    def held_off(self) -> list[HeldOff]:
+        return [
+            HeldOff(h.job_id, h.node, h.for_job, h.since) for h in self._holds_now() if not h.over
+        ]
+
+    def _holds_now(self) -> list[Hold]:
+        with self._holds_lock:
+            return list(self._holds.values())
+
+    def _forget_hold(self, hold: Hold) -> None:
+        with self._holds_lock:
+            if self._holds.get(hold.job_id) is hold:
+                del self._holds[hold.job_id]
+
+    def _apply_hold(self, hold: Hold) -> None:
+        excluded = f"{hold.excluded},{hold.node}" if hold.excluded else hold.node
         try:
-            self._run("scontrol", "update", f"jobid={job}", "starttime=now")
+            self._run(
+                "scontrol",
+                "update",
+                f"jobid={hold.job_id}",
+                f"excnodelist={excluded}",
+                RELEASED,
+            )
         except SourceError as exc:
-            log.warning("job %s requeued, but it keeps Slurm's hold: %s", job, exc)
+            log.warning(
+                "job %s requeued off %s; its exclusion is retried next tick: %s",
+                hold.job_id,
+                hold.node,
+                exc,
+            )
+            return
+        hold.applied = True
+
+    def _hostnames(self, expression: str) -> list[str]:
+        """Node names of a Slurm host list (``gpu-[01-03],gpu-x``); expanded by ``scontrol``
+        only when it has a range."""
+        if not expression:
+            return []
+        if "[" not in expression:
+            return expression.split(",")
+        text = self._run("scontrol", "show", "hostnames", expression).decode(errors="replace")
+        return text.split()
 
     def signal(self, job_id: str, signal: str) -> None:
         """Signal the batch script (where a job's checkpoint trap lives), not every step."""
@@ -346,10 +538,31 @@ class SlurmAdapter:
                 self._run("scontrol", "delete", f"nodename={node}")
 
     def apply_placement(self, placement: Placement) -> None:
-        """Order on-prem and cloud nodes by Slurm node weight (lower is used first): cloud last
-        while spot-safe work should use on-prem first, cloud first otherwise. Keeping protected
-        jobs off cloud nodes is the partition layout's job (docs/slurm.md): changing users' pending
-        jobs every tick is not something an autoscaler should do behind their back."""
+        """Put the policy's placement into Slurm's own terms, changing only what differs.
+
+        * Node weights (lower is used first): cloud nodes last while spot-safe work should use
+          on-prem first, first otherwise.
+        * With ``spot_partitions``, the spot twins of pending GPU jobs' partitions: in for jobs
+          the placement lets run on spot, out for jobs that must stay off it
+          (``autoscaler.sources.slurm_placement``).
+        * Holds of jobs moved off a node (``move_off``) that have done their work are lifted.
+
+        Each part is done even when another failed; the first failure is raised after."""
+        failures: list[str] = []
+        try:
+            self._apply_weights(placement)
+        except SourceError as exc:
+            failures.append(str(exc))
+        if self.settings.spot_partitions or self._holds:
+            try:
+                failures += self._apply_queue(placement)
+            except SourceError as exc:
+                failures.append(str(exc))
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise SourceError(f"{failures[0]}{more}")
+
+    def _apply_weights(self, placement: Placement) -> None:
         wanted = (
             self.settings.cloud_weight_last
             if placement.spot_safe_onprem is OnPremUse.FIRST
@@ -359,6 +572,93 @@ class SlurmAdapter:
         stale = sorted(name for name, weight in weights.items() if weight != wanted)
         if stale:
             self._run("scontrol", "update", f"nodename={','.join(stale)}", f"weight={wanted}")
+
+    def _apply_queue(self, placement: Placement) -> list[str]:
+        """Spot twins and holds from one ``squeue``; at most one ``scontrol`` per changed job,
+        and one per group of jobs given the same partitions."""
+        queue = self._fresh_queue()
+        failures: list[str] = []
+        steps = hold_steps(self._holds_now(), QueueIndex.of(queue), time.monotonic())
+        for step in steps:
+            if step.step is Step.DROP:
+                self._forget_hold(step.hold)
+                log.info(
+                    "hold of job %s off %s ends: %s", step.hold.job_id, step.hold.node, step.why
+                )
+            elif step.step is Step.APPLY:
+                self._apply_hold(step.hold)
+            elif step.step is Step.RESTORE:
+                failure = self._restore(step.hold, step.why)
+                if failure:
+                    failures.append(failure)
+        if not self.settings.spot_partitions:
+            return failures
+        touched = frozenset(
+            step.hold.job_id for step in steps if step.step in (Step.APPLY, Step.RESTORE)
+        )
+        plan = partition_plan(
+            queue,
+            placement,
+            self.settings.spot_partitions,
+            self.settings.placement_jobs_per_tick,
+            skip=touched,
+        )
+        if plan.deferred:
+            log.info(
+                "placement: %d job(s) change partitions this tick, %d next tick",
+                plan.jobs,
+                plan.deferred,
+            )
+        for update in plan.updates:
+            for start in range(0, len(update.job_ids), JOB_BATCH):
+                batch = update.job_ids[start : start + JOB_BATCH]
+                failure = self._update_jobs(batch, f"partition={update.partitions}")
+                if failure:
+                    failures.append(failure)
+        return failures
+
+    def _fresh_queue(self) -> list[QueuedJob]:
+        """The queue as this tick's ``read`` found it (one ``squeue`` serves demand and
+        placement), or read now when no recent read left it. Jobs submitted since wait for the
+        next tick, which only delays their use of spot; jobs started since refuse the update
+        harmlessly."""
+        kept, self._queue = self._queue, None
+        ids = self._hold_ids()
+        if kept is not None and time.monotonic() - kept[0] <= QUEUE_REUSE_S and ids <= kept[1]:
+            return kept[2]
+        return read_queue(self._run("squeue", "--json"), self.rules, self._bases, ids)
+
+    def _hold_ids(self) -> frozenset[str]:
+        """The jobs the holds need to see: each moved job and the job it made room for."""
+        return frozenset(i for h in self._holds_now() for i in (h.job_id, h.for_job))
+
+    def _restore(self, hold: Hold, why: str) -> str | None:
+        """Give a moved job back the exclusions it had before the move."""
+        assignments = [f"excnodelist={hold.excluded}"]
+        if not hold.applied:
+            assignments.append(RELEASED)
+        failure = self._update_jobs((hold.job_id,), *assignments)
+        if failure is None:
+            self._forget_hold(hold)
+            log.info("hold of job %s off %s lifted: %s", hold.job_id, hold.node, why)
+        return failure
+
+    def _update_jobs(self, job_ids: Sequence[str], *assignments: str) -> str | None:
+        """``scontrol update jobid=<ids> ...``; None when every job was updated or has started
+        or ended since the queue was read (the next tick sees it as it is), else the first
+        failure."""
+        done = self._call("scontrol", "update", f"jobid={','.join(job_ids)}", *assignments)
+        if done.returncode == 0:
+            return None
+        said = (done.stderr or done.stdout).decode(errors="replace").splitlines()
+        real = [line for line in said if not any(g in line.lower() for g in _GONE_BY_NOW)]
+        if said and not real:
+            return None
+        first = one_line(real[0]) if real else "no message"
+        return (
+            f"scontrol update jobid={job_ids[0]}{',...' if len(job_ids) > 1 else ''} "
+            f"{' '.join(assignments)[:120]}: exit status {done.returncode}: {first}"
+        )
 
 
 def _check_node(node: str) -> None:

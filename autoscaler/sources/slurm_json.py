@@ -241,6 +241,8 @@ class SqueueJob(_JobFields):
     submit_time: Any = msgspec.UNSET
     job_resources: Any = msgspec.UNSET
     nodes: Any = msgspec.UNSET
+    array_job_id: Any = msgspec.UNSET
+    array_task_id: Any = msgspec.UNSET
 
 
 class SqueueRunningJob(_JobFields):
@@ -262,8 +264,34 @@ class SqueueRunningJob(_JobFields):
     comment: Any = msgspec.UNSET
 
 
+class SqueuePlacementJob(_JobFields):
+    """What placement reads of every job: where it may run (partitions), whether it may run on
+    spot (its comment, priority and QOS), whether it asks for GPUs, and where it runs."""
+
+    job_id: Any = msgspec.UNSET
+    job_state: Any = msgspec.UNSET
+    partition: Any = msgspec.UNSET
+    tres_per_job: Any = msgspec.UNSET
+    tres_per_node: Any = msgspec.UNSET
+    tres_per_task: Any = msgspec.UNSET
+    tasks: Any = msgspec.UNSET
+    node_count: Any = msgspec.UNSET
+    comment: Any = msgspec.UNSET
+    priority: Any = msgspec.UNSET
+    qos: Any = msgspec.UNSET
+    array_job_id: Any = msgspec.UNSET
+    array_task_id: Any = msgspec.UNSET
+    job_resources: Any = msgspec.UNSET
+    nodes: Any = msgspec.UNSET
+
+
 class _SqueueDocument(msgspec.Struct):
     jobs: list[SqueueJob]
+    errors: Any = msgspec.UNSET
+
+
+class _SqueuePlacementDocument(msgspec.Struct):
+    jobs: list[SqueuePlacementJob]
     errors: Any = msgspec.UNSET
 
 
@@ -274,6 +302,7 @@ class _SqueueRunningDocument(msgspec.Struct):
 
 _SQUEUE_DECODER = msgspec.json.Decoder(_SqueueDocument)
 _SQUEUE_RUNNING_DECODER = msgspec.json.Decoder(_SqueueRunningDocument)
+_SQUEUE_PLACEMENT_DECODER = msgspec.json.Decoder(_SqueuePlacementDocument)
 Fields = _JobFields | Mapping[str, Any]
 
 
@@ -289,7 +318,9 @@ def load_running_jobs(text: str | bytes) -> list[SqueueRunningJob] | list[Any]:
 
 def _decode_jobs(
     text: str | bytes,
-    decoder: msgspec.json.Decoder[_SqueueDocument] | msgspec.json.Decoder[_SqueueRunningDocument],
+    decoder: msgspec.json.Decoder[_SqueueDocument]
+    | msgspec.json.Decoder[_SqueueRunningDocument]
+    | msgspec.json.Decoder[_SqueuePlacementDocument],
 ) -> list[Any]:
     try:
         document = decoder.decode(text)
@@ -805,6 +836,120 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                 )
             )
     return by_node
+
+
+class QueuedJob(NamedTuple):
+    """One job of the queue as placement sees it (a tuple: 100,000 are made every tick).
+    ``partitions`` are the partitions a pending job may start in (where a running one runs);
+    ``nodes`` are where it runs (none while pending); ``array_task`` is ``A_T`` for a task of
+    array ``A`` and ``array_pending`` is ``A`` for the record of array ``A``'s pending tasks;
+    ``asks_gpus`` is False for CPU-only jobs and for requests no capacity could hold, which
+    placement leaves alone."""
+
+    id: str
+    pending: bool
+    partitions: tuple[str, ...]
+    asks_gpus: bool
+    checkpointable: bool
+    high_priority: bool
+    nodes: tuple[str, ...] = ()
+    array_task: str | None = None
+    array_pending: str | None = None
+
+
+def read_queue(
+    text: str | bytes,
+    rules: DemandRules,
+    partitions: frozenset[str] | None = None,
+    ids: frozenset[str] = frozenset(),
+) -> list[QueuedJob]:
+    """The jobs of ``squeue --json`` placement decides by (``queue_facts``)."""
+    return queue_facts(_decode_jobs(text, _SQUEUE_PLACEMENT_DECODER), rules, partitions, ids)
+
+
+def queue_facts(
+    jobs: list[Any],
+    rules: DemandRules,
+    partitions: frozenset[str] | None = None,
+    ids: frozenset[str] = frozenset(),
+) -> list[QueuedJob]:
+    """The pending jobs in one of ``partitions`` (every pending job when None) and the pending or
+    running jobs named in ``ids`` (a job id, ``A_T`` for an array task, which an array's record
+    of pending tasks may hold), with what placement decides by; array tasks are told apart only
+    when ``ids`` are asked for. Whatever a pending job waits
+    for, it may become eligible between two ticks, so none is skipped for its reason. A job
+    checkpoints when its comment declares an interval, and is high priority by the same rule as
+    demand. A job whose fields we cannot read fails the read, as for demand. ``jobs`` are
+    decoded already, so that the document demand was read from serves placement too."""
+    memo = _Memo(rules)
+    qos_high = rules.high_priority_qos
+    priority_min = rules.high_priority_min
+    arrays = {i.partition("_")[0] for i in ids if "_" in i}
+    touches: dict[str, bool] = {}
+    queued: list[QueuedJob] = []
+    for job in jobs:
+        try:
+            if not isinstance(job, _JobFields | dict):
+                raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
+            state = job.get("job_state")
+            pending = _is_pending(state)
+            if not pending and not _is_active(state):
+                continue
+            job_id = str(_job_id(job))
+            text = _str_field(job, "partition")
+            wanted = touches.get(text)
+            if wanted is None:
+                wanted = touches[text] = partitions is None or not partitions.isdisjoint(
+                    text.split(",")
+                )
+            array_task, array_pending = _array_ids(job) if ids else (None, None)
+            if not (
+                (pending and wanted)
+                or job_id in ids
+                or array_task in ids
+                or array_pending in arrays
+            ):
+                continue
+            try:
+                asks_gpus = _job_request(job, memo)[0] > 0
+            except _SkippedJobError:
+                asks_gpus = False
+            checkpointable = memo.checkpointing(_str_field(job, "comment")).interval_s is not None
+            high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
+                bool(qos_high) and _str_field(job, "qos") in qos_high
+            )
+        except BadFieldError as exc:
+            raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
+        queued.append(
+            QueuedJob(
+                job_id,
+                pending,
+                tuple(p for p in text.split(",") if p),
+                asks_gpus,
+                checkpointable,
+                high,
+                () if pending else tuple(_job_nodes(job)),
+                array_task,
+                array_pending,
+            )
+        )
+    return queued
+
+
+def _array_ids(job: Fields) -> tuple[str | None, str | None]:
+    """``(A_T, None)`` for task T of array A, ``(None, A)`` for array A's record of pending
+    tasks, ``(None, None)`` for a job that is not an array's."""
+    array = job.get("array_job_id")
+    if array in (None, 0) or (isinstance(array, dict) and not array.get("number")):
+        return None, None
+    array_id = _int_field(job, "array_job_id")
+    task = job.get("array_task_id")
+    if task is None or (isinstance(task, dict) and task.get("set") is False):
+        return None, str(array_id)
+    task_id = _int_field(job, "array_task_id")
+    if task_id in _UNSET_COUNTS - {0}:
+        return None, str(array_id)
+    return f"{array_id}_{task_id}", None
 
 
 def _is_active(state: Any) -> bool:

@@ -139,8 +139,9 @@ class JobsByNode(Protocol):
 class HeldOff:
     """A job moved off ``node`` to make room there for the pending job ``for_job``: the scheduler
     keeps it off that node until ``for_job`` has started there, has started elsewhere or has left
-    the queue, or the scheduler's own bound on such holds has passed. ``since`` is the wall-clock
-    time of the move."""
+    the queue, or the scheduler's own bound on such holds has passed, and never for less than the
+    scheduler's own minimum (Slurm: its job credential lifetime, during which a job starting
+    again on the node it left is killed there). ``since`` is the wall-clock time of the move."""
 
     job_id: str
     node: str

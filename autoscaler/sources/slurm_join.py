@@ -1,0 +1,79 @@
+"""What a cloud node says of itself when it joins Slurm, rendered from its pool.
+
+``join-cloud-node.sh`` gives the node the features that partitions and jobs select on (docs/
+slurm.md, "Cloud node features"): the autoscaler's own, the market (``market-spot`` or
+``market-on-demand``: what keeps protected work off spot), the pool and the GPU model. The script
+reads them from its environment, or the market from the cloud's metadata; ``user_data`` renders a
+pool's boot script with that environment written in, so a pool's launch template, instance
+template or custom data can carry exactly what the pool is. ``node_features`` is the same
+rendering in Python, for the placement code and the tests to agree with the script on.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from importlib import resources
+
+from autoscaler.model import Market, Pool
+
+DEFAULT_CLOUD_FEATURE = "gpu-autoscaler"
+MARKET_FEATURES = {Market.SPOT: "market-spot", Market.ON_DEMAND: "market-on-demand"}
+_NOT_FEATURE = re.compile(r"[^A-Za-z0-9_.-]")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def feature_word(text: str) -> str:
+    """``text`` as a Slurm feature name: letters, digits and ``_.-``, others replaced by ``-``
+    (as the script's ``feature_word``)."""
+    return _NOT_FEATURE.sub("-", text)
+
+
+def node_features(pool: Pool, cloud_feature: str = DEFAULT_CLOUD_FEATURE) -> tuple[str, ...]:
+    """The features the join script gives a node of ``pool``, in the script's order."""
+    features = [cloud_feature, MARKET_FEATURES[pool.market], f"pool-{feature_word(pool.name)}"]
+    if pool.gpu_model:
+        features.append(f"gpu-{feature_word(pool.gpu_model.lower())}")
+    return tuple(features)
+
+
+def join_environment(
+    pool: Pool, cloud_feature: str = DEFAULT_CLOUD_FEATURE, gpu_type: str | None = None
+) -> dict[str, str]:
+    """The join script's environment for a node of ``pool``; ``gpu_type`` is the gres type the
+    site's Slurm names the pool's GPUs by (``a100``)."""
+    environment = {
+        "GPU_AUTOSCALER_FEATURE": cloud_feature,
+        "GPU_AUTOSCALER_MARKET": pool.market.value,
+        "GPU_AUTOSCALER_POOL": pool.name,
+    }
+    if pool.gpu_model:
+        environment["GPU_AUTOSCALER_GPU_MODEL"] = pool.gpu_model
+    if gpu_type:
+        environment["GPU_AUTOSCALER_GPU_TYPE"] = gpu_type
+    return environment
+
+
+def join_script() -> str:
+    """The text of ``join-cloud-node.sh`` as shipped."""
+    return (resources.files("autoscaler") / "data/slurm/join-cloud-node.sh").read_text()
+
+
+def user_data(
+    pool: Pool,
+    cloud_feature: str = DEFAULT_CLOUD_FEATURE,
+    gpu_type: str | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> str:
+    """A boot script for a node of ``pool``: the pool's join environment (and ``environment``:
+    ``GPU_AUTOSCALER_SLURMD_ARGS``, ``GPU_AUTOSCALER_NODE_CONF``...) exported, then the join
+    script. Raises ``ValueError`` for an environment name a shell cannot export."""
+    values = {**join_environment(pool, cloud_feature, gpu_type), **(environment or {})}
+    for name in values:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+    script = join_script()
+    shebang, _, body = script.partition("\n")
+    return f"{shebang}\n# gpu-autoscaler pool {pool.name}\n{exports}{body}"

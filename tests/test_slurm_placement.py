@@ -1,0 +1,655 @@
+"""Placement enforced by Slurm itself, on a real Slurm 22.05 (tests/slurm_cluster.py) laid out as
+docs/slurm.md tells operators to: on-prem nodes and on-demand cloud nodes in ``gpu``, spot cloud
+nodes only in its spot twin ``gpu-spot``.
+
+* Cloud nodes join with features that say their market, pool and GPU model: the boot script
+  renders them from its environment (``slurm_join.user_data``) or reads the market from the
+  cloud's metadata server.
+* 100 randomized submissions (protected or not, checkpointing or not, sizes, arrays, the user's
+  own partitions and constraints) while the adapter's ``apply_placement`` runs as the
+  controller's tick would: no protected job ever runs on a spot node, every job runs, and spot
+  nodes do run the jobs allowed there.
+* ``move_off``: a checkpointing job on an on-prem node checkpoints on request (the example job,
+  reporting to a real inbox), is requeued, stays off that node until the protected job it made
+  room for has started there, and resumes from its checkpoint.
+
+Runs in about 1.5 to 3 minutes on the busy 2-core machine, most of it the 100 submissions.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_cluster import (
+    Layout,
+    SlurmCluster,
+    start_reserve_node,
+    start_slurm_cluster,
+    stop_reserve_node,
+    stop_slurm_cluster,
+    wait_for,
+)
+from test_checkpointing_job import EXAMPLE, TOKEN, RecordingLedger, Training
+
+from autoscaler.model import Market, Placement, Pool
+from autoscaler.model.clock import SystemClock
+from autoscaler.model.errors import SourceError
+from autoscaler.ops.inbox import InboxServer, NoticeInbox
+from autoscaler.sources.slurm import SlurmAdapter
+from autoscaler.sources.slurm_join import join_environment, node_features, user_data
+from autoscaler.spi.sources import CheckpointingScheduler, MovesJobsOff
+from policies.cost_aware import CostAwarePolicy
+
+JOIN_SCRIPT = Path(__file__).resolve().parent.parent / "autoscaler/data/slurm/join-cloud-node.sh"
+SPOT_POOL = Pool(
+    name="aws-use1-g5-spot",
+    provider="aws",
+    region="us-east-1",
+    instance_type="g5.12xlarge",
+    gpus_per_instance=4,
+    gpu_model="A10G",
+    market=Market.SPOT,
+)
+ON_DEMAND_POOL = Pool.model_validate(
+    {**SPOT_POOL.model_dump(), "name": "aws-use1-g5", "market": "on-demand"}
+)
+JOINED = "i-0spot0"  # joins through the boot script, its market read from the fake IMDS
+RESERVE = (
+    ("i-0ondemand1", ",".join(node_features(ON_DEMAND_POOL))),
+    ("i-0spot1", ",".join(node_features(SPOT_POOL))),
+)
+SPOT_NODES = frozenset({JOINED, "i-0spot1"})
+CRED_EXPIRE_S = 20  # a moved job stays off its node at least this long (120 s by default)
+LAYOUT = Layout(
+    partitions=(
+        "Nodeset=cloud-on-demand Feature=market-on-demand\n"
+        "Nodeset=cloud-spot Feature=market-spot\n"
+        "PartitionName=gpu Nodes={onprem},cloud-on-demand Default=YES MaxTime=INFINITE State=UP\n"
+        "PartitionName=gpu-spot Nodes=cloud-spot MaxTime=INFINITE State=UP\n"
+        "PartitionName=onprem Nodes={onprem} MaxTime=INFINITE State=UP\n"
+    ),
+    reserve=RESERVE,
+    scheduler="bf_interval=1,sched_interval=2",
+    cred_expire=CRED_EXPIRE_S,
+)
+SETTINGS: dict[str, Any] = {"spot_partitions": {"gpu": "gpu-spot"}, "high_priority_min": 1000}
+SUBMISSIONS = 100
+SEED = 16
+TICK_S = 0.5
+
+
+class FakeCloudMetadata:
+    """AWS IMDSv2, GCP's and Azure's metadata servers on one loopback port, answering what the
+    join script asks: the instance's name and how it was bought."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.token = "imds-token"
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet."""
+
+            def do_PUT(self) -> None:
+                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+                if self.path == "/latest/api/token" and ttl.isdigit():
+                    self._reply(200, fake.token)
+                else:
+                    self._reply(400, "")
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                signed = (
+                    self.headers.get("X-aws-ec2-metadata-token") == fake.token
+                    if path.startswith("/latest/")
+                    else self.headers.get("Metadata-Flavor") == "Google"
+                    if path.startswith("/computeMetadata/")
+                    else self.headers.get("Metadata") == "true"
+                )
+                answer = fake.answers.get(path)
+                if not signed:
+                    self._reply(401, "")
+                elif answer is None:
+                    self._reply(404, "not found")
+                else:
+                    self._reply(200, answer)
+
+            def _reply(self, status: int, body: str) -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def metadata() -> Iterator[Any]:
+    servers: list[FakeCloudMetadata] = []
+
+    def serve(answers: dict[str, str]) -> FakeCloudMetadata:
+        servers.append(FakeCloudMetadata(answers))
+        return servers[-1]
+
+    yield serve
+    for server in servers:
+        server.close()
+
+
+def _refused_url() -> str:
+    """A loopback URL where nothing listens: a cloud whose metadata is not there."""
+    probe = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    port = probe.server_address[1]
+    probe.server_close()
+    return f"http://127.0.0.1:{port}"
+
+
+def join(env: dict[str, str], tmp_path: Path, script: Path = JOIN_SCRIPT) -> tuple[int, str, str]:
+    """Run the boot script with a recording slurmd: (exit status, the slurmd command line, the
+    script's stderr)."""
+    recorder = tmp_path / "slurmd"
+    recorded = tmp_path / "slurmd-args"
+    recorder.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {recorded}\n')
+    recorder.chmod(0o755)
+    done = subprocess.run(
+        ["sh", str(script)],
+        env={"PATH": "/usr/bin:/bin", "GPU_AUTOSCALER_SLURMD": str(recorder), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    args = recorded.read_text() if recorded.exists() else ""
+    return done.returncode, args, done.stderr
+
+
+def _features(args: str) -> list[str]:
+    conf = args.splitlines()[args.splitlines().index("--conf") + 1]
+    feature = next(word for word in conf.split() if word.startswith("Feature="))
+    return feature.removeprefix("Feature=").split(",")
+
+
+def test_the_boot_script_renders_a_pools_features(tmp_path: Path) -> None:
+    for pool in (SPOT_POOL, ON_DEMAND_POOL):
+        env = {
+            **join_environment(pool, gpu_type="a100"),
+            "GPU_AUTOSCALER_NODE_NAME": "i-0abc",
+            "GPU_AUTOSCALER_GPUS": "4",
+        }
+        status, args, _ = join(env, tmp_path)
+        assert status == 0
+        assert _features(args) == list(node_features(pool))
+        assert "Gres=gpu:a100:4" in args.split("\n")[4]
+        assert args.splitlines()[:3] == ["-Z", "-N", "i-0abc"]
+    assert node_features(SPOT_POOL) == (
+        "gpu-autoscaler",
+        "market-spot",
+        "pool-aws-use1-g5-spot",
+        "gpu-a10g",
+    )
+
+    rendered = tmp_path / "user-data.sh"
+    rendered.write_text(
+        user_data(ON_DEMAND_POOL, environment={"GPU_AUTOSCALER_FEATURES": "a100,nvlink"})
+    )
+    status, args, _ = join(
+        {"GPU_AUTOSCALER_NODE_NAME": "i-0def", "GPU_AUTOSCALER_GPUS": "8"}, tmp_path, rendered
+    )
+    assert status == 0
+    assert _features(args) == [*node_features(ON_DEMAND_POOL), "a100", "nvlink"]
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        user_data(SPOT_POOL, environment={"BAD NAME": "x"})
+
+
+@pytest.mark.parametrize(
+    ("cloud", "answers", "name", "market"),
+    [
+        (
+            "aws",
+            {
+                "/latest/meta-data/instance-id": "i-0aws",
+                "/latest/meta-data/instance-life-cycle": "spot",
+            },
+            "i-0aws",
+            "market-spot",
+        ),
+        (
+            "aws",
+            {
+                "/latest/meta-data/instance-id": "i-0aws",
+                "/latest/meta-data/instance-life-cycle": "on-demand",
+            },
+            "i-0aws",
+            "market-on-demand",
+        ),
+        (
+            "gcp",
+            {
+                "/computeMetadata/v1/instance/name": "gpu-7",
+                "/computeMetadata/v1/instance/scheduling/provisioning-model": "SPOT",
+            },
+            "gpu-7",
+            "market-spot",
+        ),
+        (
+            "gcp",
+            {
+                "/computeMetadata/v1/instance/name": "gpu-7",
+                "/computeMetadata/v1/instance/scheduling/preemptible": "FALSE",
+            },
+            "gpu-7",
+            "market-on-demand",
+        ),
+        (
+            "azure",
+            {
+                "/metadata/instance/compute/name": "vm-3",
+                "/metadata/instance/compute/priority": "Spot",
+            },
+            "vm-3",
+            "market-spot",
+        ),
+        (
+            "azure",
+            {"/metadata/instance/compute/name": "vm-3"},
+            "vm-3",
+            None,
+        ),
+    ],
+)
+def test_the_boot_script_reads_the_market_from_the_clouds_metadata(
+    tmp_path: Path,
+    metadata: Any,
+    cloud: str,
+    answers: dict[str, str],
+    name: str,
+    market: str | None,
+) -> None:
+    server = metadata(answers)
+    nowhere = _refused_url()
+    env = {
+        "GPU_AUTOSCALER_AWS_METADATA": server.url if cloud == "aws" else nowhere,
+        "GPU_AUTOSCALER_GCP_METADATA": server.url if cloud == "gcp" else nowhere,
+        "GPU_AUTOSCALER_AZURE_METADATA": server.url if cloud == "azure" else nowhere,
+        "GPU_AUTOSCALER_GPUS": "1",
+    }
+    status, args, stderr = join(env, tmp_path)
+    assert status == 0, stderr
+    assert args.splitlines()[:3] == ["-Z", "-N", name]
+    features = _features(args)
+    if market is None:
+        assert not any(f.startswith("market-") for f in features)
+        assert "market unknown" in stderr
+    else:
+        assert features[:2] == ["gpu-autoscaler", market]
+
+
+def test_the_boot_script_refuses_a_market_it_does_not_know(tmp_path: Path) -> None:
+    status, args, stderr = join(
+        {
+            "GPU_AUTOSCALER_NODE_NAME": "i-0abc",
+            "GPU_AUTOSCALER_GPUS": "1",
+            "GPU_AUTOSCALER_MARKET": "spotty",
+        },
+        tmp_path,
+    )
+    assert (status, args) == (1, "")
+    assert "'spotty' is not spot or on-demand" in stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster laid out for placement
+
+
+@dataclass
+class Fleet:
+    cluster: SlurmCluster
+    imds: FakeCloudMetadata
+
+    def adapter(self, **settings: Any) -> SlurmAdapter:
+        return SlurmAdapter.from_config(
+            {"slurm_conf": str(self.cluster.conf), **SETTINGS, **settings}, "hpc"
+        )
+
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        """Each node's (state, features) as sinfo lists it."""
+        out = self.cluster.run("sinfo", "-h", "-N", "-o", "%N %t %f")
+        return {n: (s, f) for n, s, f in (line.split() for line in out.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    cluster = start_slurm_cluster(tmp_path_factory.mktemp("slurm-placement"), LAYOUT)
+    imds = FakeCloudMetadata(
+        {
+            "/latest/meta-data/instance-id": JOINED,
+            "/latest/meta-data/instance-life-cycle": "spot",
+        }
+    )
+    built = Fleet(cluster, imds)
+    try:
+        env = {
+            **cluster.env,
+            "GPU_AUTOSCALER_AWS_METADATA": imds.url,
+            "GPU_AUTOSCALER_POOL": SPOT_POOL.name,
+            "GPU_AUTOSCALER_GPU_MODEL": SPOT_POOL.gpu_model or "",
+            "GPU_AUTOSCALER_GPUS": str(cluster.gpus_per_node),
+            "GPU_AUTOSCALER_GPU_TYPE": cluster.gpu_model,
+            "GPU_AUTOSCALER_NODE_CONF": "CPUs=8 RealMemory=4000",
+        }
+        joined = subprocess.run(
+            ["sh", str(JOIN_SCRIPT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert joined.returncode == 0, joined.stderr
+        for name, _ in RESERVE:
+            start_reserve_node(cluster, name)
+        everyone = {*cluster.onprem_nodes, JOINED, *cluster.reserve_nodes}
+        wait_for(
+            "every node to be idle",
+            lambda: all(built.nodes().get(n, ("", ""))[0] == "idle" for n in everyone),
+        )
+        yield built
+        cluster.reset()
+        for name in cluster.reserve_nodes:
+            stop_reserve_node(cluster, name)
+        assert not set(cluster.reserve_nodes) & set(built.nodes()), "back in the reserve"
+    finally:
+        imds.close()
+        stop_slurm_cluster(cluster)
+
+
+@pytest.fixture
+def clean(fleet: Fleet) -> Iterator[Fleet]:
+    """The fleet; afterwards no job is left and the on-prem nodes are idle."""
+    yield fleet
+    fleet.cluster.reset()
+
+
+def test_cloud_nodes_join_the_partitions_of_their_market(clean: Fleet) -> None:
+    nodes = clean.nodes()
+    assert nodes[JOINED][1].split(",") == list(node_features(SPOT_POOL))
+    partitions = {
+        name: set(clean.cluster.run("sinfo", "-h", "-N", "-n", name, "-o", "%P").split())
+        for name in nodes
+    }
+    assert partitions[JOINED] == partitions["i-0spot1"] == {"gpu-spot"}
+    assert partitions["i-0ondemand1"] == {"gpu*"}
+    assert partitions["gpu-a"] == partitions["gpu-b"] == {"gpu*", "onprem"}
+    reading = clean.adapter().read_nodes(time.time())
+    assert set(reading.cloud) == {JOINED, *clean.cluster.reserve_nodes}
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One randomized ``sbatch``: ``protected`` is what the policy's placement says of it."""
+
+    args: tuple[str, ...]
+    protected: bool
+    tasks: int
+
+
+def _submission(rng: random.Random, placement: Placement, records: Path) -> Submission:
+    checkpoints = rng.random() < 0.55
+    urgent = rng.random() < 0.2
+    gpus = rng.choice((1, 1, 2, 2, 4))
+    args: list[str] = [rng.choice((f"--gres=gpu:{gpus}", f"--gres=gpu:a100:{gpus}"))]
+    if checkpoints:
+        args.append(f"--comment=checkpoint_interval={rng.choice((60, 600))} checkpoint_duration=5")
+    if urgent:
+        args.append("--priority=5000")
+    where = rng.random()
+    if where < 0.15:
+        args.append("--partition=gpu,onprem")
+    elif where < 0.35:
+        args.append("--partition=gpu")
+    if rng.random() < 0.1:
+        args.append("--constraint=gpu-autoscaler")
+    tasks = 1
+    if rng.random() < 0.1:
+        tasks = 3
+        args.append("--array=0-2")
+    seconds = rng.choice((1, 2, 3, 4))
+    script = (
+        f'echo "$SLURMD_NODENAME" >> {records}/"${{SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}"; '
+        f"sleep {seconds}"
+    )
+    protected = not placement.allows_spot(checkpoints, urgent)
+    return Submission((*args, "--wrap", script), protected, tasks)
+
+
+def _running_on(cluster: SlurmCluster) -> dict[str, str]:
+    """Each running job's (array job's) id and its node, from squeue."""
+    out = cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%F %N")
+    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+
+def test_no_protected_job_ever_runs_on_a_spot_node(clean: Fleet, tmp_path: Path) -> None:
+    cluster = clean.cluster
+    records = tmp_path / "ran"
+    records.mkdir()
+    placement = CostAwarePolicy().placement
+    slurm = clean.adapter()
+    rng = random.Random(SEED)
+    submissions = [_submission(rng, placement, records) for _ in range(SUBMISSIONS)]
+    submitted: dict[str, Submission] = {}
+    seen_on: dict[str, set[str]] = {}
+    deadline = time.monotonic() + 600
+
+    def observe() -> None:
+        for job_id, node in _running_on(cluster).items():
+            seen_on.setdefault(job_id, set()).add(node)
+
+    def all_ran() -> bool:
+        return len(submitted) == SUBMISSIONS and all(
+            (records / job_id).exists() and len((records / job_id).read_text().split()) >= s.tasks
+            for job_id, s in submitted.items()
+        )
+
+    queue = list(submissions)
+    burst = 20
+    while not all_ran():
+        assert time.monotonic() < deadline, (
+            f"seed {SEED}: {sum((records / j).exists() for j in submitted)} of "
+            f"{len(submitted)} jobs ran within 600s; queue: {cluster.run('squeue')}"
+        )
+        for _ in range(min(len(queue), burst or rng.randint(1, 5))):
+            submission = queue.pop(0)
+            submitted[cluster.sbatch(*submission.args)] = submission
+        burst = 0
+        slurm.apply_placement(placement)  # the controller's tick
+        observe()
+        time.sleep(TICK_S)
+
+    ran_on = {job_id: set((records / job_id).read_text().split()) for job_id in submitted}
+    for job_id, nodes in seen_on.items():
+        ran_on.setdefault(job_id, set()).update(nodes)
+    protected_on_spot = {
+        job_id: sorted(nodes & SPOT_NODES)
+        for job_id, nodes in ran_on.items()
+        if submitted[job_id].protected and nodes & SPOT_NODES
+    }
+    assert protected_on_spot == {}, f"seed {SEED}: protected jobs ran on spot"
+    protected = sum(s.protected for s in submitted.values())
+    assert 20 <= protected <= 80, "the mix has both kinds"
+    spot_safe_on_spot = [j for j, n in ran_on.items() if n & SPOT_NODES]
+    assert spot_safe_on_spot, "spot nodes ran none of the jobs allowed there"
+
+
+def test_placement_changes_only_what_differs(clean: Fleet) -> None:
+    """A tick changes each job at most once, and a tick right after changes nothing; the user's
+    own partitions are kept."""
+    cluster = clean.cluster
+    calls: list[tuple[str, ...]] = []
+
+    class Counting(SlurmAdapter):
+        def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+            calls.append(args)
+            return super()._call(*args)
+
+    slurm = Counting.from_config(
+        {"slurm_conf": str(cluster.conf), **SETTINGS, "placement_jobs_per_tick": 3}, "hpc"
+    )
+    placement = CostAwarePolicy().placement
+    held = [
+        cluster.sbatch("--hold", "--gres=gpu:1", *extra, "--wrap", "sleep 1")
+        for extra in (
+            ("--comment=checkpoint_interval=60",),
+            ("--comment=checkpoint_interval=60", "--partition=gpu,onprem"),
+            ("--comment=checkpoint_interval=60",),
+            ("--comment=checkpoint_interval=60",),
+            (),
+            ("--partition=gpu,gpu-spot",),
+        )
+    ]
+    slurm.apply_placement(placement)
+    updates = [c for c in calls if c[:2] == ("scontrol", "update") and "jobid" in c[2]]
+    changed = [job for c in updates for job in c[2].removeprefix("jobid=").split(",")]
+    assert len(changed) == len(set(changed)) == 3, "at most the tick's bound, each once"
+    assert held[5] in changed, "jobs to protect go first"
+    calls.clear()
+    slurm.apply_placement(placement)
+    slurm.apply_placement(placement)
+    updates = [c for c in calls if c[:2] == ("scontrol", "update") and "jobid" in c[2]]
+    assert sum(len(c[2].split(",")) for c in updates) == 2, "the deferred ones, once"
+    calls.clear()
+    slurm.apply_placement(placement)
+    assert not [c for c in calls if c[:2] == ("scontrol", "update") and "jobid" in c[2]]
+    partitions = [cluster.job_field(job, "Partition") for job in held]
+    assert partitions == [
+        "gpu,gpu-spot",
+        "gpu,onprem,gpu-spot",
+        "gpu,gpu-spot",
+        "gpu,gpu-spot",
+        "gpu",
+        "gpu",
+    ]
+    calls.clear()
+    assert slurm.read(time.time()) == [], "held jobs are not demand"
+    slurm.apply_placement(placement)
+    assert [c[0] for c in calls].count("squeue") == 1, "the tick's one squeue serves both"
+
+
+# --------------------------------------------------------------------------------------------
+# Moving a job off an on-prem node
+
+
+@pytest.fixture
+def inbox() -> Iterator[tuple[RecordingLedger, str]]:
+    ledger = RecordingLedger()
+    server = InboxServer(NoticeInbox(SystemClock()), TOKEN, checkpoints=ledger)
+    server.start()
+    try:
+        yield ledger, f"http://127.0.0.1:{server.port}"
+    finally:
+        server.close()
+
+
+def _submit_training(cluster: SlurmCluster, url: str, directory: Path, *sbatch: str) -> Training:
+    done = subprocess.run(
+        [str(EXAMPLE / "submit.sh"), "--parsable", *sbatch, "--", "--step-seconds", "0.1"],
+        env={
+            **cluster.env,
+            "GPU_AUTOSCALER_URL": url,
+            "GPU_AUTOSCALER_TOKEN": TOKEN,
+            "CHECKPOINT_DIR": str(directory),
+            "CHECKPOINT_INTERVAL": "3600",
+            "CHECKPOINT_DURATION": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return Training(done.stdout.strip().split(";")[0], directory)
+
+
+def test_a_moved_job_checkpoints_is_requeued_and_stays_off_the_node(
+    clean: Fleet, inbox: tuple[RecordingLedger, str], tmp_path: Path
+) -> None:
+    cluster = clean.cluster
+    ledger, url = inbox
+    slurm = clean.adapter()
+    assert isinstance(slurm, MovesJobsOff) and isinstance(slurm, CheckpointingScheduler)
+    placement = CostAwarePolicy().placement
+    filler = cluster.sbatch("-p", "onprem", "-w", "gpu-b", "--gres=gpu:4", "--wrap", "sleep 600")
+    wait_for("gpu-b to be full", lambda: cluster.job_field(filler, "JobState") == "RUNNING")
+    moved = _submit_training(
+        cluster, url, tmp_path / "moved", "-p", "onprem", "--gres=gpu:2", "--exclude=i-0spot1"
+    )
+    wait_for("the job to train on gpu-a", lambda: moved.started_at_step(0) == 0)
+    assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
+    protected = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    with pytest.raises(SourceError, match="runs on gpu-a"):
+        slurm.move_off(moved.job_id, "gpu-b", protected)
+    with pytest.raises(SourceError, match="asked for that node"):
+        slurm.move_off(filler, "gpu-b", protected)
+    with pytest.raises(SourceError, match="not running"):
+        slurm.move_off(protected, "gpu-a", moved.job_id)
+    assert cluster.job_field(filler, "Restarts") == "0"
+
+    (job,) = slurm.running_jobs("gpu-a")
+    assert (job.id, job.checkpoint_signal) == (moved.job_id, "USR1")
+    slurm.signal(job.id, job.checkpoint_signal or "")
+    wait_for("the requested checkpoint's report", lambda: ledger.last(moved.job_id), 60)
+    saved = moved.saved_step()
+    moved_at = time.monotonic()
+    slurm.move_off(moved.job_id, "gpu-a", protected)
+
+    assert [(h.job_id, h.node, h.for_job) for h in slurm.held_off()] == [
+        (moved.job_id, "gpu-a", protected)
+    ]
+    assert set(cluster.job_field(moved.job_id, "ExcNodeList").split(",")) == {
+        "gpu-a",
+        "i-0spot1",
+    }
+
+    def protected_started() -> bool:
+        slurm.apply_placement(placement)  # the controller's tick
+        state = cluster.job_field(moved.job_id, "JobState")
+        where = cluster.job_field(moved.job_id, "NodeList")
+        assert not (state == "RUNNING" and where == "gpu-a"), "the moved job came back"
+        return cluster.job_field(protected, "JobState") == "RUNNING"
+
+    wait_for("the protected job to start in the room made for it", protected_started)
+    assert cluster.job_field(protected, "NodeList") == "gpu-a"
+
+    def lifted() -> bool:
+        assert cluster.job_field(moved.job_id, "JobState") == "PENDING"
+        assert moved.started_at_step(1) is None
+        slurm.apply_placement(placement)
+        return not slurm.held_off()
+
+    wait_for("the hold to be lifted, its work done", lifted)
+    assert time.monotonic() - moved_at >= CRED_EXPIRE_S, "not before the credential expired"
+    assert cluster.job_field(moved.job_id, "ExcNodeList") == "i-0spot1"
+    assert cluster.job_field(moved.job_id, "Restarts") == "1"
+
+    cluster.run("scancel", protected)
+    resumed = wait_for("the moved job to run again", lambda: moved.started_at_step(1))
+    assert resumed == saved
+    assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
