@@ -183,11 +183,6 @@ class Allowance:
         if count > 0:
             self._debit(pool_view, -count)
 
-    def hold(self, pool_view: PoolView, count: int) -> None:
-        """Take room again for instances given back a moment ago (see ``_standby``)."""
-        if count > 0:
-            self._debit(pool_view, count)
-
     def _debit(self, pool_view: PoolView, count: int) -> None:
         pool = pool_view.pool
         self.live_by_pool[pool.name] = self.live_by_pool.get(pool.name, 0) + count
@@ -354,25 +349,18 @@ def guard(
         node = nodes.get(drain.instance_id)
         if node is None or drain.instance_id in interrupted:
             continue
-        if not view.demand.known:
-            clamps.append(
-                Clamp("demand_unknown", node.pool, 1, 0, "a queue source failed; scale-down held")
-            )
-            continue
-        if drained >= limits.max_drains_per_tick:
-            clamps.append(
-                Clamp("drain_rate", node.pool, 1, 0, "limits.max_drains_per_tick reached")
-            )
+        held = _drain_held(node.pool, view, limits, drained, demand=True)
+        if held is not None:
+            clamps.append(held)
             continue
         drained += 1
         at_risk.append(drain.instance_id)
     terminations = []
     for end in requests.terminations:
         if end.rule == registration.RULE:
-            if drained >= limits.max_drains_per_tick:
-                clamps.append(
-                    Clamp("drain_rate", end.pool, 1, 0, "limits.max_drains_per_tick reached")
-                )
+            held = _drain_held(end.pool, view, limits, drained)
+            if held is not None:
+                clamps.append(held)
                 continue
             drained += 1
         terminations.append(end)
@@ -389,19 +377,9 @@ def guard(
             or drain.instance_id in interrupted
         ):
             continue
-        if not view.demand.known:
-            clamps.append(
-                Clamp("demand_unknown", node.pool, 1, 0, "a queue source failed; scale-down held")
-            )
-            continue
-        last_up = cooldowns.last_scale_up.get(node.pool)
-        if last_up is not None and view.now - last_up < limits.scale_down_cooldown_s:
-            clamps.append(Clamp("scale_down_cooldown", node.pool, 1, 0, "pool scaled up recently"))
-            continue
-        if drained >= limits.max_drains_per_tick:
-            clamps.append(
-                Clamp("drain_rate", node.pool, 1, 0, "limits.max_drains_per_tick reached")
-            )
+        held = _drain_held(node.pool, view, limits, drained, demand=True, cooldowns=cooldowns)
+        if held is not None:
+            clamps.append(held)
             continue
         drained += 1
         admitted.append(drain)
@@ -422,6 +400,27 @@ def guard(
         launches=grant_launches(launches, view, allowance),
         clamps=clamps,
     )
+
+
+def _drain_held(
+    pool: str,
+    view: FleetView,
+    limits: Limits,
+    drained: int,
+    *,
+    demand: bool = False,
+    cooldowns: Cooldowns | None = None,
+) -> Clamp | None:
+    """Why a drain in ``pool`` is held this tick, if it is: unknown demand (for drains that give
+    capacity back), the pool's scale-down cool-down (for the plan's), the drain rate (for all)."""
+    if demand and not view.demand.known:
+        return Clamp("demand_unknown", pool, 1, 0, "a queue source failed; scale-down held")
+    last_up = cooldowns.last_scale_up.get(pool) if cooldowns is not None else None
+    if last_up is not None and view.now - last_up < limits.scale_down_cooldown_s:
+        return Clamp("scale_down_cooldown", pool, 1, 0, "pool scaled up recently")
+    if drained >= limits.max_drains_per_tick:
+        return Clamp("drain_rate", pool, 1, 0, "limits.max_drains_per_tick reached")
+    return None
 
 
 def _continuing(
@@ -533,9 +532,10 @@ def _gang_primary(
 
 
 def _standby(intent: LaunchIntent, view: FleetView, allowance: Allowance) -> LaunchIntent:
-    """Room for each pool to take over what the pools before it in the chain fail to buy. It is
-    worked out as if those pools bought nothing (their grants given back for the moment), and
-    reserved, so whatever mix of failures happens, the limits hold."""
+    """Room for each pool to take over what the pools before it in the chain fail to buy,
+    reserved from what the limits leave once every first choice is granted: whatever mix of
+    failures happens, and whichever earlier step it hits, the limits hold. (Room a failed pool
+    leaves unspent is not lent within the tick: the next tick's plan sees it.)"""
     if intent.skipped is not None:
         return intent
     launch = intent.request
@@ -549,40 +549,29 @@ def _standby(intent: LaunchIntent, view: FleetView, allowance: Allowance) -> Lau
     first = view.pool_by_name[launch.pool].pool
     slots = launch.count * node_slots(first, shape)
     steps = list(intent.steps)
-    credited: list[tuple[PoolView, int]] = []
     for k, step in enumerate(steps):
-        if k > 0:
-            # the pools before this one, as if they bought nothing: given back once each, in
-            # turn, and all taken again at the end (linear in the chain's length)
-            earlier = steps[k - 1]
-            earlier_view = view.pool_by_name[earlier.pool]
-            allowance.refund(earlier_view, earlier.granted)
-            credited.append((earlier_view, earlier.granted))
-            pool_view = view.pool_by_name[step.pool]
-            need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
-            if need > 0:
-                standby = allowance.admit_launch(pool_view, need)
-                steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
-    for pool_view, count in credited:
-        allowance.hold(pool_view, count)
+        if k == 0:
+            continue
+        pool_view = view.pool_by_name[step.pool]
+        need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
+        if need > 0:
+            standby = allowance.admit_launch(pool_view, need)
+            steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
     return LaunchIntent(launch, intent.index, steps=tuple(steps))
 
 
 def _gang_standby(
     steps: tuple[LaunchStep, ...], view: FleetView, allowance: Allowance
 ) -> tuple[LaunchStep, ...]:
+    """A whole gang's room in each pool after the one it was granted in, from what is left."""
     placed = next((k for k, s in enumerate(steps) if s.granted), None)
     if placed is None:
         return steps
-    primary = steps[placed]
     out = list(steps)
-    primary_view = view.pool_by_name[primary.pool]
     for k in range(placed + 1, len(steps)):
         step = steps[k]
         pool_view = view.pool_by_name[step.pool]
-        allowance.refund(primary_view, primary.granted)
         standby = allowance.admit_launch(pool_view, step.wanted)
-        allowance.hold(primary_view, primary.granted)
         if standby < step.wanted:
             allowance.refund(pool_view, standby)
             standby = 0
