@@ -73,3 +73,15 @@ def test_the_package_imports_and_runs_without_any_cloud_sdk() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "cost-aware" in done.stdout
+
+
+def test_the_tick_asks_for_capabilities_by_declared_protocols_not_attribute_probes() -> None:
+    """An optional capability of a provider or scheduler is a small protocol in ``spi``; the
+    steps, the assembly and the fleet memory never probe with ``getattr``/``hasattr``."""
+    for folder in ("autoscaler/tick", "autoscaler/app", "autoscaler/fleet"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    assert node.func.id not in ("getattr", "hasattr"), (
+                        f"{path.relative_to(ROOT)}:{node.lineno} probes with {node.func.id}"
+                    )

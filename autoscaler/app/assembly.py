@@ -39,7 +39,7 @@ from autoscaler.ops.journal import Journal, JournalError, open_journal
 from autoscaler.ops.leader import LeaderLock, SoleReplica
 from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
-from autoscaler.spi.provider import Closable, Provider
+from autoscaler.spi.provider import Closable, Provider, ProviderFactory
 from autoscaler.spi.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.observe import Signals
@@ -126,15 +126,16 @@ def build_providers(config: ControllerConfig, where: str = "config") -> dict[str
         named_at = ("providers", name) if name in config.providers else ("pools", indices[0])
         try:
             cls: Any = load_entry_point(PROVIDER_GROUP, name, "provider")
-            factory = getattr(cls, "from_config", None)
-            if factory is None:
+            if not isinstance(cls, ProviderFactory):
                 raise InputError(
                     where,
                     f"the provider {name!r} runs only inside the simulator",
                     field=f"providers.{name}",
                 )
             pools = [config.pools[i] for i in indices]
-            providers[name] = factory(config.providers.get(name, {}), pools, config.fleet_id)
+            providers[name] = cls.from_config(
+                config.providers.get(name, {}), pools, config.fleet_id
+            )
         except InputError as exc:
             close_all(providers.values())
             raise config.located(

@@ -6,9 +6,9 @@ calls, idempotent by request id, with failures mapped onto the typed errors in `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.model import Instance, InterruptionNotice, Pool, PriceQuote
 from autoscaler.model.errors import ProviderError
@@ -99,3 +99,13 @@ class ListingRepairs(Protocol):
     sets ``read_only`` so that it only looks."""
 
     read_only: bool
+
+
+@runtime_checkable
+class ProviderFactory(Protocol):
+    """What a provider's entry point names: a class built from its config section and pools.
+    The simulator's clouds have none (they run only inside a replay)."""
+
+    def from_config(
+        self, settings: Mapping[str, Any], pools: Sequence[Pool], fleet_id: str
+    ) -> Provider: ...
