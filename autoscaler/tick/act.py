@@ -3,11 +3,12 @@ outcome. It decides nothing: which instances to drain, end or buy, and how many 
 came from the policy, the rules and the guard. What happened goes back as records (for the
 journal, metrics and logs) and as typed updates to the fleet memory's one writer.
 
-Launches walk each intent's steps: a pool's grant, and, for the nodes an earlier pool of the
-same chain failed to buy, its standby grant. A capacity or quota failure is reported (the fleet
-memory's capacity cache then skips the pool for a while) and moves the unbought nodes down the
-chain in the same tick. Each launch carries a request id unique to this controller incarnation,
-tick and position, which providers use to make a repeated call a no-op.
+Launches walk each intent's steps, each pool's grant as the guard made it. A capacity or quota
+failure is reported (the fleet memory's capacity cache then skips the pool for a while), its
+unbought room goes back to the guard's fallback room, and the unbought nodes move down the
+chain in the same tick as far as that room admits them. Each launch carries a request id unique
+to this controller incarnation, tick and position, which providers use to make a repeated call a
+no-op.
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from autoscaler.spi.provider import GangLauncher, LaunchResult, Provider
 from autoscaler.spi.sources import BulkDrainer, WorkloadScheduler
 from autoscaler.tick.evacuate import Evacuator, JobMove, Move
 from autoscaler.tick.guard import launch_shape, node_slots
-from autoscaler.tick.intents import ContinueDrain, Intents, Interrupt, LaunchIntent, Note, Terminate
+from autoscaler.tick.intents import (
+    ContinueDrain,
+    FallbackRoom,
+    Intents,
+    Interrupt,
+    LaunchIntent,
+    Note,
+    Terminate,
+)
 from autoscaler.tick.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -66,9 +75,11 @@ class Actuator:
         self.evacuator = evacuator
         self.report = report
         self._now = 0.0
+        self._room: FallbackRoom = _NoRoom()
 
     def act(self, view: FleetView, intents: Intents) -> list[ActionRecord]:
         self._now = view.now
+        self._room = intents.fallbacks or _NoRoom()
         records: list[ActionRecord] = []
         self._apply_placement(intents.plan.placement, records)
         interrupted: list[tuple[str, float]] = []
@@ -399,8 +410,9 @@ class Actuator:
         first = view.pool_by_name[launch.pool].pool
         slots_wanted = launch.count * node_slots(first, shape)
         previous: str | None = None
+        room = self._room
         missed = 0  # nodes granted to earlier steps that they did not buy
-        for step in intent.steps:
+        for k, step in enumerate(intent.steps):
             if slots_wanted <= 0:
                 return
             pool_view = view.pool_by_name[step.pool]
@@ -409,10 +421,13 @@ class Actuator:
             previous = step.pool
             per = node_slots(pool, shape)
             if not self._usable(pool_view, failed_providers):
+                room.refund(pool_view, step.granted)
                 missed += step.granted * per
                 continue
-            extra = min(step.standby, math.ceil(missed / per))
-            count = min(math.ceil(slots_wanted / per), step.granted + extra)
+            want = math.ceil(slots_wanted / per)
+            count = min(want, step.granted)
+            if k and missed > 0 and want > count:
+                count += room.admit_launch(pool_view, min(want - count, math.ceil(missed / per)))
             if count <= 0:
                 continue
             request_id = f"{self.incarnation}-{view.tick}-{intent.index}-{step.position}"
@@ -427,6 +442,7 @@ class Actuator:
                 failed_providers,
                 records,
             )
+            room.refund(pool_view, count - launched)
             slots_wanted -= launched * per
             covered = max(0, launched - step.granted) * per
             missed = max(0, missed - covered) + max(0, min(count, step.granted) - launched) * per
@@ -442,22 +458,34 @@ class Actuator:
         there and the next pool of its chain tried. A part of a gang hosts nothing."""
         launch = intent.request
         size = launch.gang_size
+        room = self._room
         for gang, steps in enumerate(intent.gangs):
             previous: str | None = None
+            failed = False  # the gang's granted pool fell through: later pools may take it
             for step in steps:
                 pool_view = view.pool_by_name[step.pool]
                 pool = pool_view.pool
                 fallback_from = previous
                 previous = step.pool
+                granted = step.granted
                 if not self._usable(pool_view, failed_providers):
+                    room.refund(pool_view, granted)
+                    failed = failed or granted > 0
                     continue
-                if step.granted + step.standby < size:
+                if not granted and failed:
+                    granted = room.admit_launch(pool_view, size)
+                    if granted < size:
+                        room.refund(pool_view, granted)
+                        granted = 0
+                if granted < size:
                     continue
                 request_id = (
                     f"{self.incarnation}-{view.tick}-{intent.index}-g{gang}-{step.position}"
                 )
                 provider = self.providers[pool.provider]
                 if not isinstance(provider, GangLauncher):
+                    room.refund(pool_view, granted)
+                    failed = True
                     records.append(
                         ActionRecord(
                             "launch",
@@ -483,8 +511,10 @@ class Actuator:
                     failed_providers,
                     records,
                 )
+                room.refund(pool_view, size - launched)
                 if launched:
                     break
+                failed = True
 
     def _call_launch(
         self,
@@ -572,6 +602,16 @@ class Actuator:
             self.report(PoolFailed(pool, error.code))
         elif isinstance(error, QuotaError):
             self.report(PoolFailed(pool, error.code, error.scope))
+
+
+class _NoRoom:
+    """Intents made without a guard's room left (built by hand): nothing moves down a chain."""
+
+    def admit_launch(self, pool_view: PoolView, count: int) -> int:
+        return 0
+
+    def refund(self, pool_view: PoolView, count: int) -> None:
+        return None
 
 
 def _outcome(error: ProviderError | None) -> str:

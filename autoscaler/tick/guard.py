@@ -7,12 +7,13 @@ rule requests are then turned into granted ``Intents``:
 * drains (the plan's and the rebalance rule's) pass the drain rate and the hold on scale-down
   while demand is unknown; the plan's also the scale-down cool-down (a rebalance drain answers a
   risk, not a surplus, so a recent scale-up does not hold it);
-* every launch is granted pool by pool along its fallback chain before anything is bought: first
-  the walk act takes when every call succeeds (in the plan's order, fleet-wide limits ending it),
-  then, for each pool of each chain, a *standby* grant reserved from what the limits leave, for
-  the nodes earlier pools of that chain fail to buy. A capacity failure in act only moves the
-  unbought nodes to the next pool's standby grant, so per-pool and total instance/GPU limits, the
-  $/hour budget, the monthly budget and the launch rate hold whatever act ends up buying.
+* every launch is granted pool by pool along its fallback chain before anything is bought: the
+  walk act takes when every call succeeds (in the plan's order, fleet-wide limits ending it).
+  What the limits leave stays with the guard's ``Allowance``, handed to act as
+  ``Intents.fallbacks``: a capacity or quota failure gives its unbought room back there and only
+  moves those nodes to the next pool of the same chain, admitted there by the same limits. So
+  per-pool and total instance/GPU limits, the $/hour budget, the monthly budget and the launch
+  rate hold whatever act ends up buying, and act never decides how much it may buy.
 
 The monthly cap is a projected ceiling (``autoscaler.tick.budget``): the journal's spend this
 calendar month plus the kept fleet's run rate to the month's end; over it, the guard sheds
@@ -81,7 +82,6 @@ class Allowance:
         self.month_spend = month_spend
         self.now = view.now
         self.clamps: list[Clamp] = []
-        self.quiet = False
         self._pools = view.pool_by_name
         self._cooling = {
             pool
@@ -179,7 +179,8 @@ class Allowance:
             self.clamps.append(Clamp(rule, launch.pool, launch.count, 0, _why(rule, self)))
 
     def refund(self, pool_view: PoolView, count: int) -> None:
-        """Give back room for instances that were admitted but will not be launched."""
+        """Give back room for instances that were admitted but were not (or will not be)
+        launched: a failed first choice's room, for the next pool of its chain."""
         if count > 0:
             self._debit(pool_view, -count)
 
@@ -224,8 +225,7 @@ class Allowance:
     def _cap(self, allowed: float, rule: str, pool: str, requested: int, room: float) -> float:
         room = max(0.0, room)
         if room < allowed:
-            if not self.quiet:  # a standby grant is hypothetical: not a clamp of the plan
-                self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
+            self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
             return room
         return allowed
 
@@ -399,6 +399,7 @@ def guard(
         terminations=tuple(terminations),
         launches=grant_launches(launches, view, allowance),
         clamps=clamps,
+        fallbacks=allowance,
     )
 
 
@@ -449,9 +450,8 @@ def _continuing(
 def grant_launches(
     launches: Sequence[LaunchRequest], view: FleetView, allowance: Allowance
 ) -> tuple[LaunchIntent, ...]:
-    """Each launch's grants, pool by pool. First the walk act takes when every call succeeds
-    (launches in order, each walking its pools while the limits grant less than it wants);
-    then the standby grants, so a failure can move nodes down a chain without a limit giving."""
+    """Each launch's grants, pool by pool: the walk act takes when every call succeeds (launches
+    in order, each walking its pools while the limits grant less than it wants)."""
     intents: list[LaunchIntent] = []
     usable = {
         name
@@ -479,8 +479,7 @@ def grant_launches(
             intents.append(
                 LaunchIntent(launch, index, steps=_primary(launch, chain, view, allowance))
             )
-    allowance.quiet = True
-    return tuple(_standby(intent, view, allowance) for intent in intents)
+    return tuple(intents)
 
 
 def _primary(
@@ -529,51 +528,3 @@ def _gang_primary(
             placed = granted > 0
         steps.append(LaunchStep(name, size, granted, position=position))
     return tuple(steps)
-
-
-def _standby(intent: LaunchIntent, view: FleetView, allowance: Allowance) -> LaunchIntent:
-    """Room for each pool to take over what the pools before it in the chain fail to buy,
-    reserved from what the limits leave once every first choice is granted: whatever mix of
-    failures happens, and whichever earlier step it hits, the limits hold. (Room a failed pool
-    leaves unspent is not lent within the tick: the next tick's plan sees it.)"""
-    if intent.skipped is not None:
-        return intent
-    launch = intent.request
-    if launch.gang_size > 1:
-        return LaunchIntent(
-            launch,
-            intent.index,
-            gangs=tuple(_gang_standby(steps, view, allowance) for steps in intent.gangs),
-        )
-    shape = launch_shape(launch, view)
-    first = view.pool_by_name[launch.pool].pool
-    slots = launch.count * node_slots(first, shape)
-    steps = list(intent.steps)
-    for k, step in enumerate(steps):
-        if k == 0:
-            continue
-        pool_view = view.pool_by_name[step.pool]
-        need = math.ceil(slots / node_slots(pool_view.pool, shape)) - step.granted
-        if need > 0:
-            standby = allowance.admit_launch(pool_view, need)
-            steps[k] = LaunchStep(step.pool, step.wanted, step.granted, standby, step.position)
-    return LaunchIntent(launch, intent.index, steps=tuple(steps))
-
-
-def _gang_standby(
-    steps: tuple[LaunchStep, ...], view: FleetView, allowance: Allowance
-) -> tuple[LaunchStep, ...]:
-    """A whole gang's room in each pool after the one it was granted in, from what is left."""
-    placed = next((k for k, s in enumerate(steps) if s.granted), None)
-    if placed is None:
-        return steps
-    out = list(steps)
-    for k in range(placed + 1, len(steps)):
-        step = steps[k]
-        pool_view = view.pool_by_name[step.pool]
-        standby = allowance.admit_launch(pool_view, step.wanted)
-        if standby < step.wanted:
-            allowance.refund(pool_view, standby)
-            standby = 0
-        out[k] = LaunchStep(step.pool, step.wanted, 0, standby, step.position)
-    return tuple(out)

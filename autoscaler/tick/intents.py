@@ -10,8 +10,9 @@ nothing, so plan mode can run the very same tick with an executor that records i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from autoscaler.model import DrainRequest, LaunchRequest, Plan
+from autoscaler.model import DrainRequest, LaunchRequest, Plan, PoolView
 from autoscaler.model.records import Clamp
 
 
@@ -95,13 +96,12 @@ class Requests:
 @dataclass(frozen=True)
 class LaunchStep:
     """One pool of a launch's chain: ``granted`` instances the guard lets it buy when every
-    earlier step is fulfilled, and ``standby`` more it may buy only for what earlier steps of
-    the same chain failed to buy. ``wanted`` is what the all-success walk asked of it."""
+    earlier step is fulfilled (``wanted`` is what that walk asked of it). Nodes an earlier step
+    fails to buy may move here too, as far as ``Intents.fallbacks`` admits them."""
 
     pool: str
     wanted: int
     granted: int
-    standby: int = 0
     position: int = 0  # where the pool stands in the launch's chain (first choice: 0)
 
 
@@ -133,3 +133,14 @@ class Intents:
     terminations: tuple[Terminate, ...] = ()
     launches: tuple[LaunchIntent, ...] = ()
     clamps: list[Clamp] = field(default_factory=list)
+    # The guard's room left once every first choice is granted; a failure gives its room back
+    # here and its nodes move down the chain only as far as this admits.
+    fallbacks: FallbackRoom | None = None
+
+
+class FallbackRoom(Protocol):
+    """The part of the guard's ``Allowance`` act is handed (see ``autoscaler.tick.guard``)."""
+
+    def admit_launch(self, pool_view: PoolView, count: int) -> int: ...
+
+    def refund(self, pool_view: PoolView, count: int) -> None: ...
