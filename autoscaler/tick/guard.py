@@ -24,11 +24,12 @@ scale-up is held, never assumed affordable.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from autoscaler.fleet.memory import Cooldowns
 from autoscaler.model import (
     LIVE_STATES,
+    CloudNode,
     DrainRequest,
     FleetView,
     InstanceState,
@@ -395,7 +396,7 @@ def guard(
         notices=tuple(requests.notices),
         drains=tuple(admitted),
         at_risk=tuple(at_risk),
-        continuing=_continuing(view, requests, admitted, at_risk, drain_timeout_s <= 0),
+        continuing=_continuing(view, nodes, requests, admitted, at_risk, drain_timeout_s <= 0),
         terminations=tuple(terminations),
         launches=grant_launches(launches, view, allowance),
         clamps=clamps,
@@ -426,24 +427,25 @@ def _drain_held(
 
 def _continuing(
     view: FleetView,
+    nodes: Mapping[str, CloudNode],
     requests: Requests,
     admitted: Sequence[DrainRequest],
     at_risk: Sequence[str],
     timed_out: bool,
 ) -> tuple[ContinueDrain, ...]:
     """Every drain act carries on this tick, the ones just granted included, in fleet order."""
-    pools = {n.instance_id: n.pool for n in view.instances}
-    providers = {name: p.pool.provider for name, p in view.pool_by_name.items()}
     found = {c.instance_id: c for c in requests.continuing}
     for instance_id, move_jobs in (
         *((d.instance_id, d.move_jobs) for d in admitted),
         *((i, False) for i in at_risk),
     ):
-        pool = pools[instance_id]
-        found[instance_id] = ContinueDrain(
-            instance_id, providers.get(pool, ""), pool, timed_out, move_jobs
-        )
-    order = {n.instance_id: i for i, n in enumerate(view.instances)}
+        pool = nodes[instance_id].pool
+        pool_view = view.pool_by_name.get(pool)
+        provider = pool_view.pool.provider if pool_view is not None else ""
+        found[instance_id] = ContinueDrain(instance_id, provider, pool, timed_out, move_jobs)
+    if len(found) < 2:
+        return tuple(found.values())
+    order = {n.instance_id: i for i, n in enumerate(view.instances) if n.instance_id in found}
     return tuple(sorted(found.values(), key=lambda c: order.get(c.instance_id, len(order))))
 
 
