@@ -349,3 +349,31 @@ def test_a_notice_for_an_instance_already_gone_still_counts_as_an_interruption()
     t.clock.advance(60)
     report = t.controller.tick()
     assert report.view.pool_by_name["a"].recent_interruptions == 1
+
+
+def test_with_act_on_rebalance_off_a_recommendation_buys_no_replacement() -> None:
+    """The defect issue 16 names: the policy used to buy a replacement for every rebalance
+    recommendation although nothing drained the original, paying for both."""
+    t = rig([pool("a"), pool("b")], {"a": 1.0, "b": 1.5})
+    t.queue.jobs = [job("j")]
+    t.controller.tick()
+    t.cloud.boot_all()
+    (instance,) = t.cloud.instances
+    t.nodes.cloud[instance] = NodeUsage(gpus_allocated=1)
+    t.queue.jobs = []
+    now = t.clock.now()
+    t.cloud.notices = [
+        InterruptionNotice(
+            instance_id=instance,
+            pool="a",
+            kind=NoticeKind.REBALANCE,
+            received_at=now,
+            deadline=now + 600,
+        )
+    ]
+    t.clock.advance(60)
+    report = t.controller.tick()
+    assert [a.kind for a in report.actions if a.kind == "notice"] == ["notice"], "still noted"
+    assert report.view.notices == (), "the policy is not shown a notice nobody acts on"
+    assert not [a for a in report.actions if a.kind == "launch"], "no replacement bought"
+    assert len(t.cloud.instances) == 1

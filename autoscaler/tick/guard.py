@@ -376,6 +376,7 @@ def guard(
                 InstanceState.REQUESTED,
             )
             or drain.instance_id in interrupted
+            or drain.instance_id in at_risk
         ):
             continue
         held = _drain_held(node.pool, view, limits, drained, demand=True, cooldowns=cooldowns)
