@@ -3,7 +3,7 @@ failing policy, source or cloud degrades a tick instead of killing the controlle
 
 from __future__ import annotations
 
-from fakes import FakeCloud, FakeQueue, job, pool, rig
+from fakes import FakeCloud, FakeQueue, Rig, job, pool, rig
 
 from autoscaler.model import (
     FleetView,
@@ -17,6 +17,7 @@ from autoscaler.model import (
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import AuthError, CapacityError, QuotaError, QuotaScope, ThrottledError
+from autoscaler.model.records import TickReport
 from autoscaler.spi.sources import NodeUsage
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.retry import RetryPolicy
@@ -276,12 +277,8 @@ def test_a_restarted_controller_adopts_what_the_cloud_lists() -> None:
     assert not fresh.cloud.launch_calls, "the adopted instance already covers the job"
 
 
-def test_a_rebalance_recommendation_is_noted_but_does_not_drain() -> None:
-    t = rig([pool("a")], {"a": 1.0})
-    t.queue.jobs = [job("j")]
-    t.controller.tick()
-    t.cloud.boot_all()
-    (instance,) = t.cloud.instances
+def tick_with_a_rebalance_notice(t: Rig, instance: str) -> TickReport:
+    """The next tick, a minute on, with an AWS rebalance recommendation for ``instance``."""
     now = t.clock.now()
     t.cloud.notices = [
         InterruptionNotice(
@@ -293,7 +290,16 @@ def test_a_rebalance_recommendation_is_noted_but_does_not_drain() -> None:
         )
     ]
     t.clock.advance(60)
-    report = t.controller.tick()
+    return t.controller.tick()
+
+
+def test_a_rebalance_recommendation_is_noted_but_does_not_drain() -> None:
+    t = rig([pool("a")], {"a": 1.0})
+    t.queue.jobs = [job("j")]
+    t.controller.tick()
+    t.cloud.boot_all()
+    (instance,) = t.cloud.instances
+    report = tick_with_a_rebalance_notice(t, instance)
     assert [a.kind for a in report.actions if a.kind == "notice"] == ["notice"]
     assert not t.scheduler.drained
     assert t.controller.table.get(instance).state is InstanceState.RUNNING  # type: ignore[union-attr]
@@ -361,18 +367,7 @@ def test_with_act_on_rebalance_off_a_recommendation_buys_no_replacement() -> Non
     (instance,) = t.cloud.instances
     t.nodes.cloud[instance] = NodeUsage(gpus_allocated=1)
     t.queue.jobs = []
-    now = t.clock.now()
-    t.cloud.notices = [
-        InterruptionNotice(
-            instance_id=instance,
-            pool="a",
-            kind=NoticeKind.REBALANCE,
-            received_at=now,
-            deadline=now + 600,
-        )
-    ]
-    t.clock.advance(60)
-    report = t.controller.tick()
+    report = tick_with_a_rebalance_notice(t, instance)
     assert [a.kind for a in report.actions if a.kind == "notice"] == ["notice"], "still noted"
     assert report.view.notices == (), "the policy is not shown a notice nobody acts on"
     assert not [a for a in report.actions if a.kind == "launch"], "no replacement bought"
