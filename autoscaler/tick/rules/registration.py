@@ -2,7 +2,9 @@
 past its pool's boot time plus ``registration_timeout_s`` it is terminated, and, while jobs are
 pending, bought again in its pool. After Karpenter, which gives a node claim 15 minutes to
 register. Only judged while the scheduler's node listing and the node's cloud were both read
-this tick: a node nobody could see is unknown, not unjoined."""
+this tick: a node nobody could see is unknown, not unjoined. A fleet whose cloud nodes are not
+meant to join the node source (queue workers beside a Slurm that holds only on-prem nodes) sets
+``registration_timeout_s: null``."""
 
 from __future__ import annotations
 
