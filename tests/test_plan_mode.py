@@ -271,6 +271,10 @@ def test_plan_reads_three_clouds_and_a_queue_prints_the_tick_and_changes_nothing
     ]
     assert report["drains"] == []
     assert [(o["instance_id"], o["pool"]) for o in report["orphans"]] == [(orphan, "retired-a10g")]
+    # plan is the real tick: act ran against the recording executor and asked for exactly this
+    launched = [(c[1], int(c[2])) for c in report["calls"] if c[0] == "launch"]
+    assert launched == [("aws-a10g", 5), ("azure-t4", 1)]
+    assert [c[1:] for c in report["calls"] if c[0] == "terminate"] == [[orphan]]
     pools = {p["pool"]: p for p in report["pools"]}
     assert {n: (p["instances_now"], p["instances_after"]) for n, p in pools.items()} == {
         "aws-a10g": (2, 7),

@@ -93,6 +93,11 @@ class PlanReport(Preview):
         "this month's spend so far (in the journal) comes on top"
     )
     monthly_cap: float | None = None
+    calls: tuple[tuple[str, ...], ...] = Field(
+        (),
+        description="what act called, in order, against the recording executor: the calls the "
+        "live controller would make this tick when every first choice is fulfilled",
+    )
     notes: tuple[str, ...] = NOTES
 
 
@@ -127,13 +132,14 @@ def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
     providers = build_providers(config, where)
     wiring = build_signals(config, where)
     try:
-        controller = build_controller(
+        assembled = build_controller(
             config,
             Mode.PLAN,
             policy,
             clock or SystemClock(),
             Parts(providers, wiring.signals, wiring.scheduler),
-        ).controller
+        )
+        controller = assembled.controller
         try:
             tick = controller.tick()
         finally:
@@ -144,11 +150,16 @@ def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
         close_all(
             [*providers.values(), *wiring.signals.queues, *wiring.signals.telemetry], quiet=True
         )
-    return _report(config, tick, observation, intents)
+    calls = tuple(assembled.recorded.calls) if assembled.recorded is not None else ()
+    return _report(config, tick, observation, intents, calls)
 
 
 def _report(
-    config: ControllerConfig, tick: TickReport, observation: Observation, intents: Intents
+    config: ControllerConfig,
+    tick: TickReport,
+    observation: Observation,
+    intents: Intents,
+    calls: tuple[tuple[str, ...], ...] = (),
 ) -> PlanReport:
     view = tick.view
     hours = hours_to_month_end(view.now)
@@ -183,6 +194,7 @@ def _report(
         if shown.cost_complete
         else None,
         monthly_cap=config.limits.max_cost_per_month,
+        calls=calls,
     )
 
 
