@@ -100,3 +100,11 @@ def test_the_timeout_can_be_switched_off() -> None:
     launched_one(t)
     t.clock.advance(10 * (BOOT_S + TIMEOUT_S))
     assert terminations(t) == []
+
+
+def test_a_pool_of_queue_workers_that_never_join_is_left_alone() -> None:
+    workers = pool("a").model_copy(update={"joins_scheduler": False})
+    t = rig([workers], {"a": 1.0}, registration_timeout_s=TIMEOUT_S)
+    launched_one(t)
+    t.clock.advance(10 * (BOOT_S + TIMEOUT_S))
+    assert terminations(t) == []

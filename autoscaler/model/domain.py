@@ -98,7 +98,9 @@ class Pool(Frozen):
     ``options`` are the provider's own (subnets, launch template, placement group, ...), checked
     by the provider when it is built, so the core stays ignorant of every cloud.
     ``gpu_model`` and ``gpu_memory_gib`` decide which jobs the pool can host; the config fills
-    them from the shipped catalogs when they are not given.
+    them from the shipped catalogs when they are not given. ``joins_scheduler`` says whether its
+    instances join the workload scheduler as nodes (false for queue workers that only pull
+    work): only those are replaced when they fail to register in time.
     """
 
     name: Name
@@ -112,6 +114,7 @@ class Pool(Frozen):
     market: Market
     max_instances: NonNegativeInt | None = None
     boot_seconds: NonNegativeFloat = 300.0
+    joins_scheduler: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -2,9 +2,9 @@
 past its pool's boot time plus ``registration_timeout_s`` it is terminated, and, while jobs are
 pending, bought again in its pool. After Karpenter, which gives a node claim 15 minutes to
 register. Only judged while the scheduler's node listing and the node's cloud were both read
-this tick: a node nobody could see is unknown, not unjoined. A fleet whose cloud nodes are not
-meant to join the node source (queue workers beside a Slurm that holds only on-prem nodes) sets
-``registration_timeout_s: null``."""
+this tick: a node nobody could see is unknown, not unjoined. A pool whose instances are not
+meant to join the node source (queue workers beside a Slurm that holds only on-prem nodes) says
+``joins_scheduler: false``; ``registration_timeout_s: null`` switches the rule off for all."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def requests(
     for node in view.instances:
         pool = pools.get(node.pool)
         if node.joined or node.state not in _BOOTING or pool is None:
+            continue
+        if not pool.pool.joins_scheduler:
             continue
         if node.instance_id in claimed:
             continue
