@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from autoscaler.model import Pool
-from autoscaler.model.errors import InputError, describe
-from autoscaler.model.secrets import register_config_secrets, scrub
+from autoscaler.model.errors import InputError
+from autoscaler.model.exits import EXIT_BAD_INPUT, run_command
+from autoscaler.model.secrets import register_config_secrets
 
 if TYPE_CHECKING:
     from autoscaler.sim.scenario import LoadedScenario
-
-EXIT_BAD_INPUT = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,23 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_BAD_INPUT
-    try:
-        return int(args.run(args))
-    except InputError as exc:
-        # one line whatever the message carries (a value quoted from a file may hold newlines)
-        print("error: " + " ".join(scrub(str(exc)).split()), file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if args.debug:
-            raise
-        print(
-            f"error: {scrub(describe(exc))} (this is a bug; run with --debug for details)",
-            file=sys.stderr,
-        )
-        return 1
+    return run_command(lambda: int(args.run(args)), debug=args.debug)
 
 
 def _parser() -> argparse.ArgumentParser:

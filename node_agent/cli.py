@@ -10,11 +10,9 @@ for bugs), as in the controller's CLI.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
 URL_SHORTHANDS = ("aws", "gcp", "azure")
 """The built-in watchers' ``--<name>-metadata-url``: shorthands for ``--metadata-url NAME=URL``."""
 
@@ -123,22 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from autoscaler.model.errors import InputError, describe
-    from autoscaler.model.secrets import scrub
+    from autoscaler.model.exits import run_command
 
-    try:
-        return run(args)
-    except InputError as exc:
-        print("error: " + " ".join(scrub(str(exc)).split()), file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if args.debug:
-            raise
-        print(
-            f"error: {scrub(describe(exc))} (this is a bug; run with --debug for details)",
-            file=sys.stderr,
-        )
-        return 1
+    return run_command(lambda: run(args), debug=args.debug)
