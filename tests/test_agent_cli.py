@@ -29,9 +29,11 @@ GPU_HERE = Path("/dev/nvidiactl").exists()
 class AgentProcess:
     """The agent's stderr is read on a thread, so a test can wait for a line without blocking."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], command: list[str] | None = None
+    ) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler.cli", "agent", *args],
+            [*(command or [sys.executable, "-m", "autoscaler.cli", "agent"]), *args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from metadata_servers import ControllerInbox, FakeAcmeMetadata
+from test_agent_cli import AgentProcess
 
 from autoscaler.cli import main as gpu_autoscaler
 from autoscaler.model import NoticeKind
@@ -167,41 +164,11 @@ def test_watcher_class_raises_input_error_for_the_option_it_is_told() -> None:
         watcher_class("x", option="--metadata-url")
 
 
-class AgentScript:
+class AgentScript(AgentProcess):
     """``gpu-autoscaler-agent`` as ops run it; its stderr read on a thread."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [str(AGENT_SCRIPT), *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self._queue.put(line.rstrip("\n"))
-
-    def wait_for_line(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
-        give_up = time.monotonic() + timeout_s
-        for line in self.lines:
-            if found := re.search(pattern, line):
-                return found
-        while time.monotonic() < give_up:
-            try:
-                line = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.lines.append(line)
-            if found := re.search(pattern, line):
-                return found
-        raise AssertionError(f"no line matching {pattern!r} in:\n" + "\n".join(self.lines))
+        super().__init__(args, env, command=[str(AGENT_SCRIPT)])
 
     def metrics(self, port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
