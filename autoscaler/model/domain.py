@@ -307,6 +307,11 @@ class DemandGroup(Frozen):
         default=None, description="the queue or partition the jobs wait in, if the source has one"
     )
     oldest_submit_time: float
+    oldest_job: str | None = Field(
+        default=None,
+        description="the id of the job that has waited longest, where the source names jobs "
+        "(what on-prem rebalancing makes room for)",
+    )
 
     @model_validator(mode="after")
     def _whole(self) -> DemandGroup:

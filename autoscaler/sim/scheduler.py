@@ -327,6 +327,7 @@ class SimScheduler:
                             min_gpu_memory_gib=memory,
                             partition=None,
                             oldest_submit_time=heap[0][1].trace.submit,
+                            oldest_job=str(heap[0][1].seq),
                         )
                     )
             self._demand_cache = tuple(groups)
@@ -543,6 +544,7 @@ class SimScheduler:
             checkpoint_duration_s=job.trace.checkpoint_duration_s if interval else None,
             checkpoint_signal=CHECKPOINT_SIGNAL if interval else None,
             nodes=job.trace.nodes,
+            high_priority=job.trace.high_priority,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:

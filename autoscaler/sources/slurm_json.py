@@ -262,6 +262,8 @@ class SqueueRunningJob(_JobFields):
     tres_per_task: Any = msgspec.UNSET
     tasks: Any = msgspec.UNSET
     comment: Any = msgspec.UNSET
+    priority: Any = msgspec.UNSET
+    qos: Any = msgspec.UNSET
 
 
 class SqueuePlacementJob(_JobFields):
@@ -733,15 +735,19 @@ def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
     """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them."""
     counts: dict[GroupKey, int] = {}
     oldest: dict[GroupKey, float] = {}
+    oldest_ids: dict[GroupKey, str] = {}
     for item in pending:
         key = item.key
         if key in counts:
             counts[key] += item.copies
-            oldest[key] = min(oldest[key], item.submit_time)
+            if item.submit_time < oldest[key]:
+                oldest[key] = item.submit_time
+                oldest_ids[key] = item.id
         else:
             counts[key] = item.copies
             oldest[key] = item.submit_time
-    return groups_from_counts(counts, oldest)
+            oldest_ids[key] = item.id
+    return groups_from_counts(counts, oldest, oldest_ids)
 
 
 def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:
@@ -802,6 +808,8 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
     several nodes is listed on each. Unlike a comment, an allocation we cannot read fails the
     read: it is what the work at risk is counted in."""
     memo = _Memo(rules)
+    qos_high = rules.high_priority_qos
+    priority_min = rules.high_priority_min
     by_node: dict[str, list[RunningJob]] = {}
     for job in load_running_jobs(text):
         try:
@@ -819,6 +827,9 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             if started <= 0:
                 raise BadFieldError(f"start_time {started} is not a time")
             checkpointing = memo.checkpointing(_str_field(job, "comment"))
+            high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
+                bool(qos_high) and _str_field(job, "qos") in qos_high
+            )
             job_id = str(_job_id(job))
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
@@ -833,6 +844,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     checkpoint_duration_s=checkpointing.duration_s,
                     checkpoint_signal=checkpointing.signal,
                     nodes=len(nodes),
+                    high_priority=high,
                 )
             )
     return by_node

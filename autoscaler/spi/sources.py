@@ -107,6 +107,7 @@ class RunningJob:
     checkpoint_duration_s: float | None = None
     checkpoint_signal: str | None = None
     nodes: int = 1
+    high_priority: bool = False
 
 
 @runtime_checkable
@@ -189,6 +190,7 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
     """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
     counts: dict[tuple[object, ...], int] = {}
     oldest: dict[tuple[object, ...], float] = {}
+    oldest_ids: dict[tuple[object, ...], str] = {}
     for job in jobs:
         # A plain tuple equal to the job's GroupKey, read in C (this runs for every pending
         # job); the groups are built from GroupKeys.
@@ -196,20 +198,28 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
         submitted = job.submit_time
         if key in counts:
             counts[key] += 1
-            oldest[key] = min(oldest[key], submitted)
+            if submitted < oldest[key]:
+                oldest[key] = submitted
+                oldest_ids[key] = job.id
         else:
             counts[key] = 1
             oldest[key] = submitted
+            oldest_ids[key] = job.id
     return groups_from_counts(
         {GroupKey._make(k): v for k, v in counts.items()},
         {GroupKey._make(k): v for k, v in oldest.items()},
+        {GroupKey._make(k): v for k, v in oldest_ids.items()},
     )
 
 
 def groups_from_counts(
-    counts: Mapping[GroupKey, int], oldest: Mapping[GroupKey, float]
+    counts: Mapping[GroupKey, int],
+    oldest: Mapping[GroupKey, float],
+    oldest_ids: Mapping[GroupKey, str] | None = None,
 ) -> list[DemandGroup]:
-    """Demand groups from jobs counted per group key, in a stable order."""
+    """Demand groups from jobs counted per group key, in a stable order; ``oldest_ids`` names
+    each group's longest-waiting job where the source knows it."""
+    ids = oldest_ids or {}
     return [
         DemandGroup.model_construct(
             gpus_per_job=key.gpus,
@@ -221,6 +231,7 @@ def groups_from_counts(
             min_gpu_memory_gib=key.min_gpu_memory_gib,
             partition=key.partition,
             oldest_submit_time=oldest[key],
+            oldest_job=ids.get(key),
         )
         for key in sorted(counts, key=_group_order)
     ]
