@@ -29,7 +29,13 @@ from autoscaler.spi.provider import (
     ListingRepairs,
     Provider,
 )
-from autoscaler.spi.sources import CheckpointingScheduler, RunningJob, WorkloadScheduler
+from autoscaler.spi.sources import (
+    CheckpointingScheduler,
+    HeldOff,
+    MovesJobsOff,
+    RunningJob,
+    WorkloadScheduler,
+)
 
 
 @dataclass
@@ -140,7 +146,24 @@ class RecordingCheckpointingScheduler(RecordingScheduler):
         self.recorded.calls.append(("requeue", job_id))
 
 
+class RecordingMovingScheduler(RecordingCheckpointingScheduler):
+    """Also moves jobs off on-prem nodes (on paper): what on-prem rebalancing would do."""
+
+    def __init__(self, inner: CheckpointingScheduler, recorded: Recorded) -> None:
+        super().__init__(inner, recorded)
+        self.mover = inner if isinstance(inner, MovesJobsOff) else None
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        self.recorded.calls.append(("move_off", job_id, node, for_job))
+
+    def held_off(self) -> Sequence[HeldOff]:
+        return self.mover.held_off() if self.mover is not None else ()
+
+
 def recording_scheduler(inner: WorkloadScheduler, recorded: Recorded) -> RecordingScheduler:
+    """The recording form of ``inner``, with the capabilities ``inner`` declares."""
+    if isinstance(inner, CheckpointingScheduler) and isinstance(inner, MovesJobsOff):
+        return RecordingMovingScheduler(inner, recorded)
     if isinstance(inner, CheckpointingScheduler):
         return RecordingCheckpointingScheduler(inner, recorded)
     return RecordingScheduler(inner, recorded)

@@ -75,6 +75,9 @@ class Limits(Frozen):
     max_cost_per_month: NonNegativeFloat | None = None
     max_launches_per_tick: PositiveInt = 50
     max_drains_per_tick: PositiveInt = 50
+    # Running jobs moved off on-prem nodes per tick to make room (``rebalance_onprem``): each
+    # move costs the job a checkpoint write and a restart.
+    max_job_moves_per_tick: PositiveInt = 20
     scale_up_cooldown_s: NonNegativeFloat = 0.0
     scale_down_cooldown_s: NonNegativeFloat = 300.0
 

@@ -353,7 +353,7 @@ def simulate(
             woken = woken or kind in _WAKES
         regular = next_tick <= t
         if regular or woken:
-            scheduler.schedule(t, rebalance=True)
+            scheduler.schedule(t)
             called, cpu = time.perf_counter(), time.process_time()
             report = controller.tick()
             if on_tick is not None:

@@ -13,7 +13,11 @@ The same object is the controller's queue source, node source and scheduler adap
 run, so the controller reads and drives it through exactly the interfaces a real Slurm gets:
 it lists each node's running jobs, signals a job to checkpoint now (the checkpoint finishes its
 declared duration later and is reported to the ledger, as the example job reports it live) and
-requeues a job, which keeps the work up to its last finished checkpoint.
+requeues a job, which keeps the work up to its last finished checkpoint. It moves a job off an
+on-prem node for a pending one (``MovesJobsOff``) as the Slurm adapter does: the job is requeued
+and does not start on that node again until the job it made room for has started, or for at
+most ``MOVE_HOLD_S`` (the Slurm adapter's default ``move_hold_s``). It never moves a job by
+itself: on-prem rebalancing is the controller's rule, live and here alike.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from dataclasses import dataclass, field
 from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
 from autoscaler.model.clock import Clock
+from autoscaler.model.errors import SourceError
 from autoscaler.sim.trace import TraceJob
-from autoscaler.spi.sources import NodeReading, NodeUsage, RunningJob
+from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
 
 CHECKPOINT_SIGNAL = "USR1"
 
@@ -113,6 +118,16 @@ class Accounting:
     onprem_idle_gpu_s: float = 0.0
 
 
+MOVE_HOLD_S = 1800.0
+
+
+@dataclass
+class _Hold:
+    node: str
+    for_job: int
+    since: float
+
+
 # gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory
 BucketKey = tuple[int, float | None, bool, int, tuple[str, ...], float | None]
 CheckpointAsked = Callable[[SimJob, int, float, float], None]
@@ -160,6 +175,7 @@ class SimScheduler:
         self._onprem_cache: dict[str, tuple[int, OnPremNode]] = {}
         self._max_free = 0
         self.busy_gpus: dict[Capacity, int] = dict.fromkeys(Capacity, 0)
+        self._holds: dict[int, _Hold] = {}  # by the moved job's seq
 
     # -- the world changes -------------------------------------------------------------------
 
@@ -265,7 +281,7 @@ class SimScheduler:
         return {
             name: [self._running(job, node) for job in node.jobs.values()]
             for name, node in self.nodes.items()
-            if node.jobs and node.kind is not Capacity.ONPREM
+            if node.jobs
         }
 
     def signal(self, job_id: str, signal: str) -> None:
@@ -297,6 +313,25 @@ class SimScheduler:
         job = self._job(job_id)
         if job.node is not None:
             self._interrupt(job, self.clock.now())
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        """Requeue a job running on ``node`` (keeping the work up to its last checkpoint) and keep
+        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed."""
+        job = self._job(job_id)
+        if job.node is None or node not in {n.name for n in job.members}:
+            raise SourceError(f"move job {job_id} off {node}: it does not run there")
+        now = self.clock.now()
+        self._interrupt(job, now, moved=True)
+        self._holds[job.seq] = _Hold(node, int(for_job), now)
+
+    def held_off(self) -> list[HeldOff]:
+        now = self.clock.now()
+        for seq, hold in list(self._holds.items()):
+            if now - hold.since >= MOVE_HOLD_S:
+                del self._holds[seq]
+        return [
+            HeldOff(str(seq), h.node, str(h.for_job), h.since) for seq, h in self._holds.items()
+        ]
 
     def last_natural_checkpoint(self, job_id: str) -> float | None:
         """When the job's current run last finished a checkpoint on its own schedule."""
@@ -386,12 +421,10 @@ class SimScheduler:
                 job.waited += now - job.pending_since
                 job.pending_since = now
 
-    def schedule(self, now: float, rebalance: bool = False) -> int:
-        """Start every pending job that fits, in FIFO order with backfill; returns how many.
-        ``rebalance`` also hands on-prem nodes to the pending jobs that need them most (see
-        ``_rebalance``): the controller's tick asks for it, as a live controller would act once
-        per tick, not at every job event."""
-        if not self._dirty and not rebalance:
+    def schedule(self, now: float) -> int:
+        """Start every pending job that fits, in FIFO order with backfill; returns how many. A job
+        moved off a node (``move_off``) does not start there again while its hold lasts."""
+        if not self._dirty:
             return 0
         self._dirty = False
         heads: list[tuple[int, BucketKey]] = []
@@ -413,121 +446,7 @@ class SimScheduler:
             started += 1
             if heap and key[0] // key[3] <= self._max_free:
                 heapq.heappush(heads, (heap[0][0], key))
-        if rebalance and self.placement.rebalance_onprem:
-            started += self._rebalance(now)
         return started
-
-    def _rebalance(self, now: float) -> int:
-        """Hand on-prem nodes to pending jobs that need them most (``Placement.rebalance_onprem``),
-        moving smaller spot-safe jobs to free cloud room; returns how many pending jobs started.
-        With no free cloud room anywhere no job can be moved, so nothing is looked at."""
-        started = 0
-        if not any(self._index[kind] for kind in (Capacity.SPOT, Capacity.ON_DEMAND)):
-            return 0
-        candidates = sorted(
-            (heap[0][0], key)
-            for key, heap in self._buckets.items()
-            if heap
-            and key[3] == 1
-            and self.placement.may_displace(key[0], key[1] is not None, key[2])
-        )
-        for _, key in candidates:
-            heap = self._buckets[key]
-            while heap:
-                job = heap[0][1]
-                room = self._room_on_prem(job)
-                if room is None:
-                    break
-                node, moves = room
-                for victim, target in moves:
-                    self._migrate(victim, target, now)
-                heapq.heappop(heap)
-                self._demand_cache = None
-                self._start(job, [node], now)
-                started += 1
-        return started
-
-    def _room_on_prem(self, job: SimJob) -> tuple[SimNode, list[tuple[SimJob, SimNode]]] | None:
-        """The on-prem node that frees room for ``job`` by moving the fewest GPUs, with a cloud
-        node for each job moved; None when no node can."""
-        if Capacity.ONPREM not in self._tiers(job):
-            return None
-        protected = not self.placement.allows_spot(
-            job.trace.checkpoint_interval_s is not None, job.trace.high_priority
-        )
-        options: list[tuple[int, int, SimNode, list[SimJob]]] = []
-        shape = job.trace.shape
-        for node in self.nodes.values():
-            if node.kind is not Capacity.ONPREM or node.leaving:
-                continue
-            if not shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib):
-                continue
-            movable = [
-                j
-                for j in node.jobs.values()
-                if j.trace.nodes == 1
-                and self.placement.movable(
-                    j.gpus,
-                    j.trace.checkpoint_interval_s is not None,
-                    j.trace.high_priority,
-                    job.gpus,
-                    protected,
-                )
-            ]
-            if node.free + sum(j.gpus for j in movable) < job.gpus:
-                continue
-            # Youngest first: with heavy-tailed run times the job that started last is the one
-            # expected to finish soonest, so it keeps the cloud room it moves to the shortest.
-            movable.sort(key=lambda j: (-(j.run_start or 0.0), j.seq))
-            chosen: list[SimJob] = []
-            short = job.gpus - node.free
-            for candidate in movable:
-                if short <= 0:
-                    break
-                chosen.append(candidate)
-                short -= candidate.gpus
-            options.append((sum(j.gpus for j in chosen), len(chosen), node, chosen))
-        for _, _, node, chosen in sorted(options, key=lambda o: (o[0], o[1], o[2].name)):
-            targets = self._cloud_room(chosen)
-            if targets is not None:
-                return node, list(zip(chosen, targets, strict=True))
-        return None
-
-    def _cloud_room(self, jobs: Sequence[SimJob]) -> list[SimNode] | None:
-        """A cloud node with free room, now, for each job (best fit, spot before on-demand)."""
-        held: list[tuple[SimNode, int]] = []
-        targets: list[SimNode] = []
-        for moving in jobs:
-            target = None
-            for kind in self._tiers(moving):
-                if kind is Capacity.ONPREM:
-                    continue
-                target = self._tightest(kind, moving.trace.shape)
-                if target is not None:
-                    break
-            if target is None:
-                break
-            self._index_remove(target)
-            target.free -= moving.gpus
-            self._index_add(target)
-            held.append((target, moving.gpus))
-            targets.append(target)
-        for target, gpus in held:
-            self._index_remove(target)
-            target.free += gpus
-            self._index_add(target)
-        return targets if len(targets) == len(jobs) else None
-
-    def _migrate(self, job: SimJob, target: SimNode, now: float) -> None:
-        """Checkpoint on request and restart on ``target``: no work lost, one checkpoint write
-        paid on the new node before the job goes on."""
-        node = job.node
-        assert node is not None
-        job.progress += self._account_run(job, node, now)
-        self.accounting.migrations += 1
-        self._detach(job, now)
-        job.pending_since = now
-        self._start(job, [target], now, extra_s=job.trace.checkpoint_duration_s)
 
     def _job(self, job_id: str) -> SimJob:
         return self.jobs[int(job_id)]
@@ -545,6 +464,8 @@ class SimScheduler:
             checkpoint_signal=CHECKPOINT_SIGNAL if interval else None,
             nodes=job.trace.nodes,
             high_priority=job.trace.high_priority,
+            gpu_models=job.trace.shape.gpu_models,
+            min_gpu_memory_gib=job.trace.shape.min_gpu_memory_gib,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
@@ -556,9 +477,13 @@ class SimScheduler:
         """The nodes to start ``job`` on now: the tightest fit of the first tier that has room,
         one node per node the job asks for, all of one kind."""
         shape = job.trace.shape
+        hold = self._holds.get(job.seq) if self._holds else None
+        if hold is not None and self.clock.now() - hold.since >= MOVE_HOLD_S:
+            del self._holds[job.seq]
+            hold = None
         for kind in self._tiers(job):
             if job.trace.nodes == 1:
-                node = self._tightest(kind, shape)
+                node = self._tightest(kind, shape, hold.node if hold is not None else None)
                 if node is not None:
                     return [node]
                 continue
@@ -567,11 +492,13 @@ class SimScheduler:
                 return nodes
         return None
 
-    def _tightest(self, kind: Capacity, shape: NodeShape) -> SimNode | None:
+    def _tightest(
+        self, kind: Capacity, shape: NodeShape, avoid: str | None = None
+    ) -> SimNode | None:
         """The node of this kind with the least free room that still holds one node of
-        ``shape`` on GPUs it accepts."""
+        ``shape`` on GPUs it accepts (other than ``avoid``)."""
         by_free = self._index[kind]
-        if not shape.gpu_models and shape.min_gpu_memory_gib is None:
+        if avoid is None and not shape.gpu_models and shape.min_gpu_memory_gib is None:
             best: int | None = None
             for free, nodes in by_free.items():
                 if nodes and free >= shape.gpus and (best is None or free < best):
@@ -579,7 +506,7 @@ class SimScheduler:
             return next(iter(by_free[best].values())) if best is not None else None
         for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
             for node in by_free[free].values():
-                if shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
+                if node.name != avoid and shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
                     return node
         return None
 
@@ -597,7 +524,10 @@ class SimScheduler:
                         return together
         return None
 
-    def _start(self, job: SimJob, nodes: list[SimNode], now: float, extra_s: float = 0.0) -> None:
+    def _start(self, job: SimJob, nodes: list[SimNode], now: float) -> None:
+        if self._holds:
+            for seq in [s for s, h in self._holds.items() if h.for_job == job.seq]:
+                del self._holds[seq]
         per_node = job.gpus_per_node
         for node in nodes:
             self._count_idle(node, now)
@@ -618,7 +548,7 @@ class SimScheduler:
         job.node = node
         job.run_start = now
         job.run_id += 1
-        job.run_wall = job.wall_for(job.trace.duration - job.progress) + extra_s
+        job.run_wall = job.wall_for(job.trace.duration - job.progress)
         self.on_start(job, now + job.run_wall)
 
     def _detach(self, job: SimJob, now: float) -> None:
@@ -662,7 +592,7 @@ class SimScheduler:
         self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
         return work
 
-    def _interrupt(self, job: SimJob, when: float) -> None:
+    def _interrupt(self, job: SimJob, when: float, moved: bool = False) -> None:
         node = job.node
         if node is None or job.run_start is None:
             return
@@ -680,10 +610,13 @@ class SimScheduler:
         self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
         self.accounting.useful_gpu_s += job.gpus * saved
         self.accounting.lost_gpu_s += job.gpus * lost
-        self.accounting.requeues += 1
         job.lost_gpu_s += job.gpus * lost
         job.progress += saved
-        job.interruptions += 1
+        if moved:
+            self.accounting.migrations += 1
+        else:
+            self.accounting.requeues += 1
+            job.interruptions += 1
         self._detach(job, when)
         job.pending_since = when
         self._enqueue(job)

@@ -264,6 +264,7 @@ class SqueueRunningJob(_JobFields):
     comment: Any = msgspec.UNSET
     priority: Any = msgspec.UNSET
     qos: Any = msgspec.UNSET
+    features: Any = msgspec.UNSET
 
 
 class SqueuePlacementJob(_JobFields):
@@ -830,6 +831,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             high = (priority_min is not None and _int_field(job, "priority") >= priority_min) or (
                 bool(qos_high) and _str_field(job, "qos") in qos_high
             )
+            needs = memo.gpu_needs(job, _job_gpus(job, memo)[1])
             job_id = str(_job_id(job))
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
@@ -845,6 +847,8 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     checkpoint_signal=checkpointing.signal,
                     nodes=len(nodes),
                     high_priority=high,
+                    gpu_models=needs.gpu_models,
+                    min_gpu_memory_gib=needs.min_gpu_memory_gib,
                 )
             )
     return by_node

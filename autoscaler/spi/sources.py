@@ -108,6 +108,9 @@ class RunningJob:
     checkpoint_signal: str | None = None
     nodes: int = 1
     high_priority: bool = False
+    # What the job asks of a node's GPUs (any model when empty): where it may restart if moved.
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float | None = None
 
 
 @runtime_checkable

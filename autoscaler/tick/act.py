@@ -44,6 +44,7 @@ from autoscaler.tick.intents import (
     Intents,
     Interrupt,
     LaunchIntent,
+    MoveJobs,
     Note,
     Terminate,
 )
@@ -91,6 +92,7 @@ class Actuator:
                 deadline = noticed.deadline if noticed.deadline is not None else view.now
                 interrupted.append((noticed.instance_id, deadline))
         self._drain_interrupted([node for node, _ in interrupted], records)
+        self._make_room(intents.moves, view, records)
         self._evacuate(interrupted, intents.at_risk, view, records)
         pools = {n.instance_id: n.pool for n in view.instances}
         for drain in intents.drains:
@@ -195,6 +197,21 @@ class Actuator:
                     instance_ids=(node,),
                 )
             )
+
+    def _make_room(
+        self, moves: Sequence[MoveJobs], view: FleetView, records: list[ActionRecord]
+    ) -> None:
+        """Ask the jobs of each granted move to checkpoint; the evacuator moves them off their
+        on-prem node once they report (``progress``)."""
+        if self.evacuator is None:
+            return
+        for move in moves:
+            try:
+                done = self.evacuator.make_room(move.node, move.jobs, move.for_job, view.now)
+            except Exception as exc:
+                records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))
+                continue
+            self._record_moves(done, {}, records)
 
     def _evacuate(
         self,

@@ -50,7 +50,7 @@ from autoscaler.tick.guard import guard, validate_plan
 from autoscaler.tick.intents import Intents
 from autoscaler.tick.observe import Observation, Observer, Signals
 from autoscaler.tick.retry import RetryPolicy
-from autoscaler.tick.rules import controller_requests
+from autoscaler.tick.rules import controller_requests, rebalance_onprem
 from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
 
 log = logging.getLogger(__name__)
@@ -111,16 +111,6 @@ class Controller:
             and config.interruptions.checkpoint_aware
             else None
         )
-        self.observer = Observer(
-            config,
-            providers,
-            self.signals,
-            self.table,
-            self.capacity,
-            self.history,
-            checkpointing,
-            self.checkpoints,
-        )
         self.evacuator = (
             Evacuator(
                 checkpointing,
@@ -133,6 +123,17 @@ class Controller:
             )
             if checkpointing is not None
             else None
+        )
+        self.observer = Observer(
+            config,
+            providers,
+            self.signals,
+            self.table,
+            self.capacity,
+            self.history,
+            checkpointing,
+            self.checkpoints,
+            self.evacuator,
         )
         self.actuator = Actuator(
             config,
@@ -187,7 +188,11 @@ class Controller:
         observation = self.observer.observe(now, number, self.last_plan)
         view = observation.view
         unhostable = self._unhostable(view)
-        plan, held = self._decide(view)
+        placement = (self.last_plan or Plan()).placement
+        moves = rebalance_onprem.moves(view, placement, observation.onprem_jobs)
+        plan, held = self._decide(
+            rebalance_onprem.view_for_policy(view, observation.onprem_jobs, moves)
+        )
         billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)
         requests = controller_requests(
@@ -198,6 +203,7 @@ class Controller:
             can_evacuate=self.evacuator is not None,
             nodes_known=observation.nodes_known,
             unlisted=observation.failed_providers,
+            moves=moves,
         )
         intents = guard(
             plan,

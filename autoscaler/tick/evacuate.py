@@ -10,6 +10,11 @@ resumes from, in GPU-seconds.
 On a rebalance recommendation (AWS's "elevated risk", opt-in), jobs whose checkpoint is fresh
 move at once and the others move as soon as they next report a checkpoint, before any warning.
 
+To make room on an on-prem node (``Placement.rebalance_onprem``), each job chosen is asked to
+checkpoint and, once it reports (or its wait is over), moved off the node through the
+scheduler's ``MovesJobsOff.move_off``, which requeues it and keeps it off that node until the
+job it made room for has started.
+
 On a scale-down whose drain outlived its jobs' welcome, each job leaves at whichever checkpoint
 comes first within a bounded wait, its next natural one or one asked for now, instead of being
 killed just before it would have saved; a job with neither in reach leaves at once.
@@ -29,7 +34,7 @@ from enum import StrEnum
 
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.model.errors import describe
-from autoscaler.spi.sources import CheckpointingScheduler, JobsByNode, RunningJob
+from autoscaler.spi.sources import CheckpointingScheduler, JobsByNode, MovesJobsOff, RunningJob
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,7 @@ class Move(StrEnum):
     REQUEUED = "requeued"
     REQUEUED_AFTER_CHECKPOINT = "requeued-after-checkpoint"
     REQUEUED_AT_DEADLINE = "requeued-at-deadline"
+    MOVED_OFF = "moved-off"
     CHECKPOINT_AWAITED = "checkpoint-awaited"
     FAILED = "failed"
 
@@ -68,6 +74,7 @@ class _Waiting:
     since: float
     resume_from: float
     requeue_by: float
+    for_job: str | None = None  # moved off its node for this pending job, not just requeued
 
 
 @dataclass
@@ -87,6 +94,7 @@ class Evacuator:
         self.scheduler = scheduler
         self.ledger = ledger
         self.settings = settings or EvacuationSettings()
+        self.mover = scheduler if isinstance(scheduler, MovesJobsOff) else None
         self._nodes: dict[str, _Evacuation] = {}
         self._handed: set[str] = set()
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="evacuate")
@@ -130,6 +138,44 @@ class Evacuator:
                         else f"a {expected:.0f}s checkpoint does not fit in {deadline - now:.0f}s"
                     )
                     calls.append(self._requeue(job, now, resume_from, Move.REQUEUED, why))
+        return self._ask(calls, now)
+
+    def make_room(
+        self, node: str, jobs: Sequence[RunningJob], for_job: str, now: float
+    ) -> list[JobMove]:
+        """Move ``jobs`` off the on-prem ``node`` for the pending ``for_job``: each is asked to
+        checkpoint and moved once it reports, or once its checkpoint's expected time (the wait
+        for a report when none is known) and the margin are over."""
+        if self.mover is None:
+            return [
+                JobMove(j.id, node, Move.FAILED, None, "the scheduler cannot move jobs")
+                for j in jobs
+            ]
+        evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
+        calls: list[tuple[Callable[[], None], JobMove]] = []
+        for job in jobs:
+            if job.id in evacuation.waiting or job.checkpoint_signal is None:
+                continue
+            resume_from = self.ledger.resume_point(job.id, job.started_at)
+            expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
+            wait = (
+                expected + self.settings.checkpoint_margin_s
+                if expected is not None
+                else self.settings.fresh_checkpoint_s
+            )
+            evacuation.waiting[job.id] = _Waiting(job, now, resume_from, now + wait, for_job)
+            calls.append(
+                (
+                    _bind(self.scheduler.signal, job.id, job.checkpoint_signal),
+                    JobMove(
+                        job.id,
+                        node,
+                        Move.CHECKPOINT_ASKED,
+                        detail=f"to make room for job {for_job}; moved once it reports or in "
+                        f"{wait:.0f}s",
+                    ),
+                )
+            )
         return self._ask(calls, now)
 
     def at_risk(self, nodes: Sequence[str], now: float) -> list[JobMove]:
@@ -242,8 +288,8 @@ class Evacuator:
                 if last is not None and last > waiting.resume_from:
                     del evacuation.waiting[job_id]
                     calls.append(
-                        self._requeue(
-                            waiting.job,
+                        self._leave(
+                            waiting,
                             now,
                             last,
                             Move.REQUEUED_AFTER_CHECKPOINT,
@@ -253,8 +299,8 @@ class Evacuator:
                 elif now >= waiting.requeue_by:
                     del evacuation.waiting[job_id]
                     calls.append(
-                        self._requeue(
-                            waiting.job,
+                        self._leave(
+                            waiting,
                             now,
                             waiting.resume_from,
                             Move.REQUEUED_AT_DEADLINE,
@@ -274,6 +320,11 @@ class Evacuator:
     def waiting(self) -> set[str]:
         return {job for e in self._nodes.values() for job in e.waiting}
 
+    def making_room_for(self) -> set[str]:
+        """The pending jobs for which jobs are being moved off on-prem nodes (still waiting on
+        their checkpoints)."""
+        return {w.for_job for e in self._nodes.values() for w in e.waiting.values() if w.for_job}
+
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
             self._nodes.pop(node, None)
@@ -282,18 +333,39 @@ class Evacuator:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _ask(self, calls: list[tuple[Callable[[], None], JobMove]], now: float) -> list[JobMove]:
-        """Send the signals and requeues; a job whose signal failed is requeued at once."""
+        """Send the signals and requeues; a job whose signal failed is requeued at once (one
+        that was only to make room stays where it is: moving it would lose its work)."""
         moves = self._run(calls)
         retries = []
         for move in moves:
             if move.move is Move.FAILED and move.detail.startswith(Move.CHECKPOINT_ASKED):
                 waiting = self._nodes[move.node].waiting.pop(move.job_id)
+                if waiting.for_job is not None:
+                    continue
                 retries.append(
                     self._requeue(
                         waiting.job, now, waiting.resume_from, Move.REQUEUED, "the signal failed"
                     )
                 )
         return moves + self._run(retries)
+
+    def _leave(
+        self, waiting: _Waiting, now: float, resume_from: float, move: Move, why: str
+    ) -> tuple[Callable[[], None], JobMove]:
+        """A waited-on job leaves its node: requeued, or moved off it for a pending job."""
+        if waiting.for_job is None or self.mover is None:
+            return self._requeue(waiting.job, now, resume_from, move, why)
+        job = waiting.job
+        return (
+            _bind(self.mover.move_off, job.id, job.node, waiting.for_job),
+            JobMove(
+                job.id,
+                job.node,
+                Move.MOVED_OFF,
+                job.gpus * max(0.0, now - resume_from),
+                f"for job {waiting.for_job}: {why}",
+            ),
+        )
 
     def _requeue(
         self, job: RunningJob, now: float, resume_from: float, move: Move, why: str

@@ -7,6 +7,8 @@ rule requests are then turned into granted ``Intents``:
 * drains (the plan's and the rebalance rule's) pass the drain rate and the hold on scale-down
   while demand is unknown; the plan's also the scale-down cool-down (a rebalance drain answers a
   risk, not a surplus, so a recent scale-up does not hold it);
+* moves of running jobs off on-prem nodes (the on-prem rebalance rule) pass the job-move rate
+  and the hold while demand is unknown (a move answers demand, so it waits to know it);
 * every launch is granted pool by pool along its fallback chain before anything is bought: the
   walk act takes when every call succeeds (in the plan's order, fleet-wide limits ending it).
   What the limits leave stays with the guard's ``Allowance``, handed to act as
@@ -43,7 +45,14 @@ from autoscaler.model.config import Limits
 from autoscaler.model.errors import PolicyError
 from autoscaler.model.records import Clamp
 from autoscaler.tick.budget import Projection, hours_to_month_end, run_rate, shed
-from autoscaler.tick.intents import ContinueDrain, Intents, LaunchIntent, LaunchStep, Requests
+from autoscaler.tick.intents import (
+    ContinueDrain,
+    Intents,
+    LaunchIntent,
+    LaunchStep,
+    MoveJobs,
+    Requests,
+)
 from autoscaler.tick.rules import registration
 
 _INF = math.inf
@@ -400,9 +409,38 @@ def guard(
         continuing=_continuing(view, nodes, requests, admitted, at_risk, drain_timeout_s <= 0),
         terminations=tuple(terminations),
         launches=grant_launches(launches, view, allowance),
+        moves=_moves(requests.moves, view, limits, clamps),
         clamps=clamps,
         fallbacks=allowance,
     )
+
+
+def _moves(
+    requested: Sequence[MoveJobs], view: FleetView, limits: Limits, clamps: list[Clamp]
+) -> tuple[MoveJobs, ...]:
+    """The rule's moves, in its order, as far as the job-move rate admits whole moves."""
+    if requested and not view.demand.known:
+        clamps.append(
+            Clamp("demand_unknown", None, len(requested), 0, "a queue source failed; moves held")
+        )
+        return ()
+    granted: list[MoveJobs] = []
+    jobs = 0
+    for move in requested:
+        if jobs + len(move.jobs) > limits.max_job_moves_per_tick:
+            clamps.append(
+                Clamp(
+                    "job_move_rate",
+                    None,
+                    len(move.jobs),
+                    0,
+                    "limits.max_job_moves_per_tick reached",
+                )
+            )
+            continue
+        jobs += len(move.jobs)
+        granted.append(move)
+    return tuple(granted)
 
 
 def _drain_held(

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from autoscaler.model import DrainRequest, LaunchRequest, Plan, PoolView
 from autoscaler.model.records import Clamp
+from autoscaler.spi.sources import RunningJob
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ class Replace:
     launch: LaunchRequest
 
 
+@dataclass(frozen=True)
+class MoveJobs:
+    """Make room on the on-prem ``node`` for the pending job ``for_job``: each of ``jobs``
+    checkpoints on request, is requeued and kept off ``node``, and restarts on the cloud room the
+    rule found for it (``Placement.rebalance_onprem``)."""
+
+    node: str
+    jobs: tuple[RunningJob, ...]
+    for_job: str
+    reason: str
+
+
 @dataclass
 class Requests:
     """Everything the controller's own rules ask of a tick, beside the policy's plan."""
@@ -79,6 +92,7 @@ class Requests:
     continuing: list[ContinueDrain] = field(default_factory=list)
     terminations: list[Terminate] = field(default_factory=list)
     replacements: list[Replace] = field(default_factory=list)
+    moves: list[MoveJobs] = field(default_factory=list)
 
     @property
     def interrupts(self) -> list[Interrupt]:
@@ -132,6 +146,7 @@ class Intents:
     continuing: tuple[ContinueDrain, ...] = ()
     terminations: tuple[Terminate, ...] = ()
     launches: tuple[LaunchIntent, ...] = ()
+    moves: tuple[MoveJobs, ...] = ()
     clamps: list[Clamp] = field(default_factory=list)
     # The guard's room left once every first choice is granted; a failure gives its room back
     # here and its nodes move down the chain only as far as this admits.

@@ -35,6 +35,7 @@ from autoscaler.model.errors import describe
 from autoscaler.spi.provider import Provider
 from autoscaler.spi.sources import (
     CheckpointingScheduler,
+    MovesJobsOff,
     NodeReading,
     NodeSource,
     NodeUsage,
@@ -43,6 +44,8 @@ from autoscaler.spi.sources import (
     TelemetrySource,
 )
 from autoscaler.tick.evacuate import running_jobs_on
+from autoscaler.tick.rules import rebalance_onprem
+from autoscaler.tick.rules.rebalance_onprem import MovesInFlight, OnPremJobs
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class Observation:
     source_age: dict[tuple[str, str], float] = field(default_factory=dict)
     nodes_known: bool = False
     notices: tuple[InterruptionNotice, ...] = ()  # every notice for an owned instance
+    onprem_jobs: OnPremJobs | None = None  # read only when on-prem rebalancing could move some
 
 
 class NoticeSource(Protocol):
@@ -98,9 +102,12 @@ class Observer:
         history: InterruptionHistory,
         jobs: CheckpointingScheduler | None = None,
         checkpoints: CheckpointLedger | None = None,
+        in_flight: MovesInFlight | None = None,
     ) -> None:
         self.config = config
         self.jobs = jobs
+        self.mover = jobs if isinstance(jobs, MovesJobsOff) else None
+        self.in_flight = in_flight
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
         self.providers = providers
         self.signals = signals
@@ -180,10 +187,13 @@ class Observer:
             notices=tuple(n for n in notices if n.instance_id in owned and self._acted_on(n)),
             last_plan=last_plan,
         )
-        for message in errors:
-            log.warning("observe: %s", message)
         source = self.signals.nodes
         nodes_known = source is not None and status.get(("nodes", source.name), False)
+        onprem_jobs = (
+            self._onprem_jobs(view, last_plan, errors) if nodes_known and last_plan else None
+        )
+        for message in errors:
+            log.warning("observe: %s", message)
         return Observation(
             view,
             sync,
@@ -194,6 +204,31 @@ class Observer:
             self._ages(now, status),
             nodes_known,
             tuple(n for n in notices if n.instance_id in owned),
+            onprem_jobs,
+        )
+
+    def _onprem_jobs(
+        self, view: FleetView, last_plan: Plan, errors: list[str]
+    ) -> OnPremJobs | None:
+        """What the on-prem rebalance rule decides by, where the placement in force rebalances
+        and the scheduler can move jobs: the moves in flight and the scheduler's holds always,
+        the on-prem nodes' jobs only where one could be moved (a group may displace, cloud room
+        is free); None when the rule does not apply or the scheduler could not be read."""
+        if self.mover is None or self.jobs is None or not last_plan.placement.rebalance_onprem:
+            return None
+        nodes = rebalance_onprem.worth_reading(view, last_plan.placement)
+        try:
+            held = tuple(self.mover.held_off())
+            jobs = running_jobs_on(self.jobs, nodes) if nodes else {}
+        except Exception as exc:
+            errors.append(f"scheduler: listing on-prem jobs failed: {describe(exc)}")
+            return None
+        flight = self.in_flight
+        return OnPremJobs(
+            jobs,
+            held,
+            frozenset(flight.waiting()) if flight is not None else frozenset(),
+            frozenset(flight.making_room_for()) if flight is not None else frozenset(),
         )
 
     def _acted_on(self, notice: InterruptionNotice) -> bool:

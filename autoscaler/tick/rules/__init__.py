@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from autoscaler.fleet.instances import InstanceTable
 from autoscaler.model import FleetView, InterruptionNotice
 from autoscaler.model.config import ControllerConfig
-from autoscaler.tick.intents import Requests
+from autoscaler.tick.intents import MoveJobs, Requests
 from autoscaler.tick.rules import drains, interruption, orphans, overdue, rebalance, registration
 
 
@@ -26,8 +26,10 @@ def controller_requests(
     can_evacuate: bool,
     nodes_known: bool,
     unlisted: Collection[str] = (),
+    moves: Sequence[MoveJobs] = (),
 ) -> Requests:
-    """Every rule's requests for this tick, in the order they are decided."""
+    """Every rule's requests for this tick, in the order they are decided. ``moves`` are the
+    on-prem rebalance rule's, decided before the policy (``rebalance_onprem``)."""
     requests = Requests()
     interruption.requests(view, notices, table, requests)
     rebalance.requests(view, table, config, can_evacuate, requests)
@@ -35,4 +37,5 @@ def controller_requests(
     orphans.requests(view, table, config, requests)
     registration.requests(view, table, config, nodes_known, unlisted, requests)
     drains.requests(view, table, config, requests)
+    requests.moves.extend(moves)
     return requests
