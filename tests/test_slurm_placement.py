@@ -12,6 +12,8 @@ nodes only in its spot twin ``gpu-spot``.
 * ``move_off``: a checkpointing job on an on-prem node checkpoints on request (the example job,
   reporting to a real inbox), is requeued, stays off that node until the protected job it made
   room for has started there, and resumes from its checkpoint.
+* The same through the real controller (``rebalance_onprem``): its rule picks the job, act asks
+  it to checkpoint and moves it, the protected job starts on-prem and nothing is bought for it.
 
 Runs in about 1.5 to 3 minutes on the busy 2-core machine, most of it the 100 submissions.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeCloud
 from slurm_cluster import (
     Layout,
     SlurmCluster,
@@ -40,14 +43,17 @@ from slurm_cluster import (
 )
 from test_checkpointing_job import EXAMPLE, TOKEN, RecordingLedger, Training
 
-from autoscaler.model import Market, Placement, Pool
+from autoscaler.model import Instance, InstanceState, Market, Placement, Pool
 from autoscaler.model.clock import SystemClock
+from autoscaler.model.config import ControllerConfig, InterruptionConfig
 from autoscaler.model.errors import SourceError
+from autoscaler.model.records import TickReport
 from autoscaler.ops.inbox import InboxServer, NoticeInbox
 from autoscaler.sources.slurm import SlurmAdapter
 from autoscaler.sources.slurm_join import join_environment, node_features, user_data
 from autoscaler.spi.sources import CheckpointingScheduler, MovesJobsOff
-from policies.cost_aware import CostAwarePolicy
+from autoscaler.tick.controller import Controller
+from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 JOIN_SCRIPT = Path(__file__).resolve().parent.parent / "autoscaler/data/slurm/join-cloud-node.sh"
 SPOT_POOL = Pool(
@@ -653,3 +659,83 @@ def test_a_moved_job_checkpoints_is_requeued_and_stays_off_the_node(
     resumed = wait_for("the moved job to run again", lambda: moved.started_at_step(1))
     assert resumed == saved
     assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
+
+
+def test_the_controller_rebalances_on_prem_live(
+    clean: Fleet, inbox: tuple[RecordingLedger, str], tmp_path: Path
+) -> None:
+    """``rebalance_onprem`` through the real controller on the real Slurm: a job that must stay
+    off spot waits for on-prem while a smaller spot-safe job holds part of gpu-a and a joined
+    spot node has free GPUs. The controller's rule asks to move that job; act asks it to
+    checkpoint, moves it off gpu-a once it reports (``move_off``), the protected job starts on
+    gpu-a and the moved one resumes from its checkpoint on a cloud node; the policy buys nothing
+    for the protected job meanwhile."""
+    cluster = clean.cluster
+    ledger, url = inbox
+    slurm = clean.adapter()
+    cloud = FakeCloud(name="aws", price_table={SPOT_POOL.name: 1.0, ON_DEMAND_POOL.name: 3.0})
+    cloud.now = time.time
+    cloud.instances[JOINED] = Instance(
+        id=JOINED,
+        pool=SPOT_POOL.name,
+        state=InstanceState.RUNNING,
+        launched_at=time.time(),
+        request_id="before-the-test",
+        gpus=SPOT_POOL.gpus_per_instance,
+    )
+    config = ControllerConfig(
+        fleet_id="rebalance",
+        pools=(SPOT_POOL, ON_DEMAND_POOL),
+        interruptions=InterruptionConfig(checkpoint_margin_s=60.0),
+    )
+    controller = Controller(
+        config,
+        CostAwarePolicy(CostAwareParams(idle_seconds=3600)),
+        {"aws": cloud},
+        SystemClock(),
+        queue_sources=[slurm],
+        node_source=slurm,
+        scheduler=slurm,
+        checkpoints=ledger,
+    )
+    try:
+        controller.tick()  # the placement in force: cloud nodes weigh more than on-prem
+        filler = cluster.sbatch(
+            "-p", "onprem", "-w", "gpu-b", "--gres=gpu:4", "--wrap", "sleep 600"
+        )
+        wait_for("gpu-b to be full", lambda: cluster.job_field(filler, "JobState") == "RUNNING")
+        moved = _submit_training(cluster, url, tmp_path / "moved", "--gres=gpu:2")
+        wait_for("the job to train on gpu-a", lambda: moved.started_at_step(0) == 0)
+        assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
+        protected = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+        reports: list[TickReport] = []
+
+        def protected_started() -> bool:
+            reports.append(controller.tick())
+            where = cluster.job_field(moved.job_id, "NodeList")
+            state = cluster.job_field(moved.job_id, "JobState")
+            assert not (state == "RUNNING" and where == "gpu-a" and moved.started_at_step(1)), (
+                "the moved job came back"
+            )
+            return cluster.job_field(protected, "JobState") == "RUNNING"
+
+        wait_for("the protected job to start in the room made for it", protected_started, 180)
+        assert cluster.job_field(protected, "NodeList") == "gpu-a"
+        moves = [
+            (a.outcome, a.job_id)
+            for r in reports
+            for a in r.actions
+            if a.kind == "evacuate" and a.outcome in ("checkpoint-asked", "moved-off")
+        ]
+        assert moves == [("checkpoint-asked", moved.job_id), ("moved-off", moved.job_id)]
+        assert cloud.launch_calls == [], "nothing bought for the job room was made for"
+        saved = moved.saved_step()
+
+        def resumed() -> int | None:
+            controller.tick()
+            return moved.started_at_step(1)
+
+        assert wait_for("the moved job to resume on a cloud node", resumed, 180) == saved
+        assert cluster.job_field(moved.job_id, "NodeList") in {JOINED, *cluster.reserve_nodes}
+    finally:
+        controller.close()
