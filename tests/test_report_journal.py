@@ -187,6 +187,7 @@ def test_real_spend_comes_out_in_the_dry_run_format(
     assert real.instances_launched == 2
     assert real.capacity_failures == 1, "pool a had room for one of the two asked for"
     assert real.requeues == 1
+    assert real.migrations == 0, "no job was moved off an on-prem node"
     assert real.ticks == 6 and real.held_ticks == 0
     assert real.clamps == {"budget": 1}
 

@@ -62,6 +62,7 @@ POLICY = "journal"
 LABEL = "Real (journal)"
 BUDGET_RULES = ("budget", "monthly_budget")
 REQUEUE_PREFIX = "requeued"
+MOVED_OFF = "moved-off"  # a job moved off an on-prem node to make room (on-prem rebalancing)
 CUT_SHORT = ("unknown", "started")
 NOTHING_YET = "The journal has nothing yet: no tick or spend is recorded in the period."
 TOP_IDLE_NODES = 5
@@ -510,7 +511,9 @@ def journal_policy(records: Records, spend: Spend, start: float) -> PolicyResult
         requeues=sum(
             1 for a in actions if a.kind == "evacuate" and a.outcome.startswith(REQUEUE_PREFIX)
         ),
-        migrations=None,
+        migrations=sum(
+            1 for a in actions if a.kind == "evacuate" and a.outcome == MOVED_OFF and a.done
+        ),
         instances_launched=sum(a.done for a in actions if a.kind == "launch"),
         capacity_failures=sum(
             1 for a in actions if a.kind == "launch" and a.outcome in ("capacity", "partial")
