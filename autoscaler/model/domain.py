@@ -100,7 +100,9 @@ class Pool(Frozen):
     ``gpu_model`` and ``gpu_memory_gib`` decide which jobs the pool can host; the config fills
     them from the shipped catalogs when they are not given. ``joins_scheduler`` says whether its
     instances join the workload scheduler as nodes (false for queue workers that only pull
-    work): only those are replaced when they fail to register in time.
+    work): only those are replaced when they fail to register in time. ``user_data`` is what
+    its instances boot with; the assembly fills it with the scheduler's join script for a pool
+    that joins the scheduler and gives none of its own.
     """
 
     name: Name
@@ -115,6 +117,15 @@ class Pool(Frozen):
     max_instances: NonNegativeInt | None = None
     boot_seconds: NonNegativeFloat = 300.0
     joins_scheduler: bool = True
+    user_data: str | None = Field(
+        None,
+        repr=False,
+        description="the boot script (or cloud-init) the pool's instances start with, as the "
+        "cloud takes it: AWS user data, GCP metadata startup-script, Azure custom data. Unset: "
+        "the scheduler's join script when the scheduler renders one (Slurm join_user_data) and "
+        "the pool joins it, else none. An empty string is none, and keeps the scheduler from "
+        "filling it (the launch template's or image's own boot data stays).",
+    )
     options: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -4,7 +4,9 @@
   (spot with ``price-capacity-optimized``, on-demand with ``lowest-price``), or ``RunInstances``
   when a pool names one type in one place. Every instance carries the fleet, pool, request and
   launch-time tags. A launch is idempotent: the request id is looked up by tag before launching
-  and passed as the client token, so a retry or a restart never buys a second set.
+  and passed as the client token, so a retry or a restart never buys a second set. A pool's
+  ``user_data`` (its own, or the scheduler's join script) is the instances' user data, over the
+  launch template's own.
 * List and terminate by the fleet tag only: an instance without it is invisible to us. Listing
   reads our tags (``DescribeTags``) and states (``DescribeInstanceStatus``), a fraction of
   ``DescribeInstances``' bytes; the few instances those cannot describe fully are looked up there.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -83,6 +86,9 @@ class AwsInstances:
         self.clock = clock
         self.catalog = catalog
         self.regions = sorted({p.region for p in pools.values()} | set(regions))
+        # By pool name: the pools a launch is handed are the controller's, and it is the
+        # provider's own (as the assembly built it) that carry the user data.
+        self.user_data = {name: p.user_data for name, p in pools.items() if p.user_data}
         self._region_of: dict[str, str] = {}
         self._pool_of: dict[str, str] = {}
         self._launch_tags: dict[str, dict[str, dict[str, str]]] = {}
@@ -387,6 +393,8 @@ class AwsInstances:
             request.setdefault("Placement", {})["GroupName"] = group
         if options.security_group_ids:
             request["SecurityGroupIds"] = list(options.security_group_ids)
+        if pool.name in self.user_data:
+            request["UserData"] = self.user_data[pool.name]  # botocore encodes it in base64
         if pool.is_spot:
             spot: dict[str, Any] = {
                 "SpotInstanceType": "one-time",
@@ -417,6 +425,12 @@ class AwsInstances:
         if group is not None:
             for override in overrides:
                 override["Placement"] = {"GroupName": group}
+        template: dict[str, str] = options.launch_template.spec()
+        if pool.name in self.user_data:
+            # an instant fleet's own user data, over the template's; sent as EC2 takes it
+            template["LaunchTemplateSpecificationUserData"] = base64.b64encode(
+                self.user_data[pool.name].encode()
+            ).decode()
         request: dict[str, Any] = {
             "Type": "instant",
             "ClientToken": request_id[:64],
@@ -426,7 +440,7 @@ class AwsInstances:
             },
             "LaunchTemplateConfigs": [
                 {
-                    "LaunchTemplateSpecification": options.launch_template.spec(),
+                    "LaunchTemplateSpecification": template,
                     "Overrides": overrides,
                 }
             ],

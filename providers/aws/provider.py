@@ -6,8 +6,8 @@
 * ``sdk``: the boto3 clients (the only module that imports the SDK); botocore's own retries are
   off so that the controller's bounded retry policy is the only one;
 * ``errors``: AWS's error codes mapped onto the core's typed errors;
-* ``instances``: launch (``CreateFleet`` or ``RunInstances``, idempotent by request id), list and
-  terminate, all by our tags;
+* ``instances``: launch (``CreateFleet`` or ``RunInstances``, idempotent by request id, with the
+  pool's user data), list and terminate, all by our tags;
 * ``pricing``: live spot prices, catalog on-demand prices and Spot Advisor interruption rates;
 * ``notices``: the SQS interruption watcher, when ``interruption_queue_url`` is set, reading the
   EventBridge events of ``events``;
@@ -42,7 +42,13 @@ from providers.aws.instances import AwsInstances, shapes
 from providers.aws.notices import NoticeWatcher
 from providers.aws.pricing import AwsPrices
 from providers.aws.sdk import Clients
-from providers.aws.settings import REGION, AwsPoolOptions, AwsSettings, queue_region
+from providers.aws.settings import (
+    REGION,
+    AwsPoolOptions,
+    AwsSettings,
+    queue_region,
+    user_data_problem,
+)
 
 
 class AwsProvider:
@@ -72,6 +78,9 @@ class AwsProvider:
                 AwsPoolOptions, pool.options, field=f"pools[{index}].options"
             )
             self.options[pool.name] = options
+            problem = user_data_problem(pool.user_data) if pool.user_data else None
+            if problem is not None:
+                raise InputError("config", problem, field=f"pools[{index}].user_data")
             if len(shapes(pool, options)) > 1 and options.launch_template is None:
                 raise InputError(
                     "config",

@@ -21,6 +21,8 @@ PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")  # up to 255 printabl
 REGION = re.compile(r"^(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)$")
 _HOST = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))\.?$", re.I)
 _QUEUE_PATH = re.compile(r"^/[A-Za-z0-9_-]{1,64}/[A-Za-z0-9_-]{1,80}(\.fifo)?$")
+# EC2 takes at most 16 KB of user data, counted before base64 (RunInstances and CreateFleet).
+USER_DATA_MAX = 16 * 1024
 
 
 class _Strict(BaseModel):
@@ -157,4 +159,16 @@ def queue_region(url: str) -> str | None:
     parts = (urlsplit(url).hostname or "").split(".")
     if len(parts) > 2 and parts[0] == "sqs" and REGION.match(parts[1]):
         return parts[1]
+    return None
+
+
+def user_data_problem(text: str) -> str | None:
+    """Why EC2 would refuse ``text`` as an instance's user data at launch, or None: refused with
+    the config, not on the first launch."""
+    size = len(text.encode())
+    if size > USER_DATA_MAX:
+        return (
+            f"{size:,} bytes of user data; EC2 takes at most 16 KB ({USER_DATA_MAX:,} bytes "
+            "before base64): shorten it, or have it fetch the rest at boot"
+        )
     return None

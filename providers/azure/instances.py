@@ -5,7 +5,8 @@
   is looked up by tag before launching, so a retry or a restart never buys a second set. Spot
   pools get ``priority=Spot``, ``evictionPolicy=Delete`` and ``billingProfile.maxPrice`` (-1: pay
   up to the on-demand price); on-demand pools ``priority=Regular``. Every VM carries the fleet,
-  pool, request and launch-time tags.
+  pool, request and launch-time tags, and the pool's ``user_data`` (its own, or the scheduler's
+  join script), else its ``custom_data`` option, as its custom data.
 * The long-running creates are waited on for at most ``operation_timeout_s``: a create still
   running then counts as launched (ARM accepted it; the next listing shows how it went), a
   create that failed is deleted at once and reported as the launch's typed shortfall.
@@ -159,6 +160,9 @@ class AzureInstances:
         self.catalog = catalog
         self.evictions = evictions
         self.deleting: set[str] = set()
+        # By pool name: the pools a launch is handed are the controller's, and it is the
+        # provider's own (as the assembly built it) that carry the user data.
+        self.user_data = {name: p.user_data for name, p in pools.items() if p.user_data}
 
     def _vms(self) -> list[Any]:
         """Every VM in the resource group, following ``nextLink`` to the last page."""
@@ -355,8 +359,9 @@ class AzureInstances:
                 },
             },
         }
-        if options.custom_data is not None:
-            os_profile["customData"] = base64.b64encode(options.custom_data.encode()).decode()
+        custom = self.user_data.get(pool.name, options.custom_data)
+        if custom is not None:
+            os_profile["customData"] = base64.b64encode(custom.encode()).decode()
         properties: dict[str, Any] = {
             "hardwareProfile": {"vmSize": pool.instance_type},
             "storageProfile": {"imageReference": options.image_reference(), "osDisk": os_disk},

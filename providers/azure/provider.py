@@ -7,7 +7,8 @@
   from ``DefaultAzureCredential``, the SDK's own retries off;
 * ``errors``: ARM's error codes mapped onto the core's typed errors;
 * ``instances``: one PUT per VM of a deterministic name, idempotent by request id, creates
-  waited on for at most ``operation_timeout_s``; list and delete by our tags;
+  waited on for at most ``operation_timeout_s``, the pool's user data as the VM's custom data;
+  list and delete by our tags;
 * ``pricing``: the Retail Prices API or a SkyPilot-format catalog;
 * ``notices``: evictions of Spot VMs the listings saw live and Azure then deleted;
 * ``gang``: ``launch_gang``, a multi-node job's VMs in the pool's proximity placement group,
@@ -31,7 +32,7 @@ from providers.azure.instances import AzureInstances
 from providers.azure.notices import AzureEvictions
 from providers.azure.pricing import AzurePrices
 from providers.azure.sdk import ArmClient
-from providers.azure.settings import AzurePoolOptions, AzureSettings
+from providers.azure.settings import AzurePoolOptions, AzureSettings, custom_data_problem
 
 
 class AzureProvider:
@@ -60,6 +61,7 @@ class AzureProvider:
                     field=f"pools[{index}].options.max_price",
                 )
             self.options[pool.name] = options
+            _check_boot_data(pool, options, index)
         catalog = SkyPilotCatalog(Path(settings.price_catalog)) if settings.price_catalog else None
         self.sdk = ArmClient(settings)
         self.evictions = AzureEvictions()
@@ -126,3 +128,25 @@ class AzureProvider:
 
     def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
         self.evictions.acknowledge(notices)
+
+
+def _check_boot_data(pool: Pool, options: AzurePoolOptions, index: int) -> None:
+    """A pool's boot data comes from its ``user_data`` or its ``custom_data`` option, not both
+    (the scheduler's join script fills ``user_data`` for pools that join it), and fits in what
+    ARM takes."""
+    if pool.user_data and options.custom_data is not None:
+        raise InputError(
+            "config",
+            "custom_data and the pool's user_data (its own, or the scheduler's join script) both "
+            "give the VM's boot data: keep one (set user_data to keep yours over the join script)",
+            field=f"pools[{index}].options.custom_data",
+        )
+    if pool.user_data:
+        text, field = pool.user_data, f"pools[{index}].user_data"
+    elif options.custom_data is not None:
+        text, field = options.custom_data, f"pools[{index}].options.custom_data"
+    else:
+        return
+    problem = custom_data_problem(text)
+    if problem is not None:
+        raise InputError("config", problem, field=field)

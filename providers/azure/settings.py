@@ -16,6 +16,8 @@ from providers.placement import PlacementOption
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 IMAGE_URN = re.compile(r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$")
 PPG_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,78}[A-Za-z0-9_])?$")
+# ARM takes custom data of at most 65,535 bytes once decoded (87,380 characters of base64).
+CUSTOM_DATA_MAX = 65_535
 
 
 class _Strict(BaseModel):
@@ -69,7 +71,11 @@ class AzurePoolOptions(_Strict):
     ssh_public_key: str = Field(min_length=1)
     max_price: float = Field(-1.0, description="$/h cap for spot; -1 pays up to on-demand")
     os_disk_size_gb: int | None = Field(None, ge=1, le=4095)
-    custom_data: str | None = Field(None, description="cloud-init for the node to join the fleet")
+    custom_data: str | None = Field(
+        None,
+        description="cloud-init or a script the VM boots with; the pool's user_data, which "
+        "every cloud shares, says the same (give one of the two)",
+    )
     proximity_placement_group: PlacementOption | None = Field(
         None,
         description="the proximity placement group (in the fleet's resource group) a gang is "
@@ -117,3 +123,16 @@ class AzurePoolOptions(_Strict):
             return {key: self.image}
         publisher, offer, sku, version = self.image.split(":")
         return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
+
+
+def custom_data_problem(text: str) -> str | None:
+    """Why ARM would refuse ``text`` as a VM's custom data at launch, or None: refused with the
+    config, not on the first launch."""
+    size = len(text.encode())
+    if size > CUSTOM_DATA_MAX:
+        return (
+            f"{size:,} bytes of user data; Azure custom data holds at most 64 KB "
+            f"({CUSTOM_DATA_MAX:,} bytes, 87,380 characters of base64): shorten it, or have it "
+            "fetch the rest at boot"
+        )
+    return None

@@ -170,6 +170,8 @@ class GcpGangs:
         ]
         if accelerators:
             properties["guest_accelerators"] = accelerators
+        if "metadata" in vm:
+            properties["metadata"] = vm["metadata"]
         if policy is not None:
             properties["resource_policies"] = [policy]
         return properties

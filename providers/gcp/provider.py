@@ -8,7 +8,8 @@ extra), imported lazily.
   Application Default Credentials, the SDK's own retries off;
 * ``errors``: HTTP errors and failed operations mapped onto the core's typed errors;
 * ``instances``: one ``instances.insert`` per VM, idempotent by name and ``requestId``, spread
-  over the pool's zones; list and delete by our labels;
+  over the pool's zones, with the pool's user data as the ``startup-script`` metadata; list and
+  delete by our labels;
 * ``pricing``: the shipped price history or a SkyPilot-format catalog;
 * ``notices``: preemptions read from the zones' operations and from our listed Spot VMs;
 * ``gang``: ``launch_gang``, a multi-node job's VMs made by one all-or-none bulk insert under
@@ -30,7 +31,7 @@ from providers.gcp.instances import GcpInstances
 from providers.gcp.notices import GcpNotices
 from providers.gcp.pricing import GcpPrices
 from providers.gcp.sdk import ComputeClients
-from providers.gcp.settings import GcpPoolOptions, GcpSettings
+from providers.gcp.settings import GcpPoolOptions, GcpSettings, user_data_problem
 
 
 class GcpProvider:
@@ -52,6 +53,9 @@ class GcpProvider:
         for index, pool in enumerate(pools):
             where = f"pools[{index}].options"
             self.options[pool.name] = validate_settings(GcpPoolOptions, pool.options, field=where)
+            problem = user_data_problem(pool.user_data) if pool.user_data else None
+            if problem is not None:
+                raise InputError("config", problem, field=f"pools[{index}].user_data")
             zones = self.options[pool.name].zones or ((pool.zone,) if pool.zone else ())
             if not zones:
                 raise InputError("config", "give zones, or the pool's zone", field=f"{where}.zones")

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from providers.placement import PlacementOption
 
 RESOURCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# The metadata key a VM's guest environment runs at boot, and what one metadata value may hold.
+STARTUP_SCRIPT = "startup-script"
+METADATA_VALUE_MAX = 256 * 1024
 
 
 class _Strict(BaseModel):
@@ -83,3 +86,16 @@ class GcpPoolOptions(_Strict):
                 "starting with a letter, at most 63)"
             )
         return value
+
+
+def user_data_problem(text: str) -> str | None:
+    """Why Compute Engine would refuse ``text`` as a VM's ``startup-script`` metadata value, or
+    None: refused with the config, not on the first launch."""
+    size = len(text.encode())
+    if size > METADATA_VALUE_MAX:
+        return (
+            f"{size:,} bytes of user data; a GCP metadata value (the startup-script) holds at "
+            f"most 256 KB ({METADATA_VALUE_MAX:,} bytes): shorten it, or have it fetch the rest "
+            "at boot"
+        )
+    return None
