@@ -487,12 +487,20 @@ def test_an_unreadable_constraint_fails_the_read_naming_job_and_field(
     assert [g.jobs for g in demand_groups(text, RULES)] == [2], "unread without feature names"
 
 
-@given(st.text(alphabet="a1|&()[]*!, h0g8", max_size=40))
-def test_any_constraint_reads_or_fails_with_one_line(constraint: str) -> None:
+@given(
+    st.text(alphabet="a1|&()[]*!, h0g8", max_size=40)
+    | st.builds(
+        lambda pad, tail: "x" * pad + tail,
+        st.integers(100, 1020),
+        st.sampled_from(["[a1|h0]&g8", "(", "a1&&h0", "!"]),
+    )
+)
+def test_any_constraint_reads_or_fails_with_one_short_line(constraint: str) -> None:
     try:
         needs = gpu_needs(constraint, {"a1": "A1", "h0": "H0"}, {"g8": 8.0})
     except FeatureSyntaxError as exc:
-        assert "\n" not in str(exc)
+        # found by the ten-times fuzz run: a 1,000-character constraint was quoted whole
+        assert "\n" not in str(exc) and len(str(exc)) < 300
         return
     assert set(needs.gpu_models) <= {"A1", "H0", "A1+H0"}
     assert needs.min_gpu_memory_gib in (None, 8.0)

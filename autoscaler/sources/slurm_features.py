@@ -99,6 +99,17 @@ def _words(name: str) -> frozenset[str]:
     return frozenset(w for w in _WORDS.split(name.lower()) if w)
 
 
+QUOTED_CHARS = 120
+
+
+def _quoted(expression: str) -> str:
+    """The constraint as an error shows it: a whole one would make the message as long as the
+    constraint, which a job may make up to ``MAX_EXPRESSION`` characters."""
+    if len(expression) <= QUOTED_CHARS:
+        return repr(expression)
+    return f"{expression[:QUOTED_CHARS]!r}... ({len(expression):,} characters)"
+
+
 def _tokens(expression: str) -> list[tuple[str, str]]:
     if len(expression) > MAX_EXPRESSION:
         raise FeatureSyntaxError(f"is longer than {MAX_EXPRESSION} characters")
@@ -109,7 +120,7 @@ def _tokens(expression: str) -> list[tuple[str, str]]:
         found = _TOKEN.match(text, position)
         if found is None or found.end() == position:
             raise FeatureSyntaxError(
-                f"{expression!r} is not a constraint (unexpected {text[position:][:1]!r})"
+                f"{_quoted(expression)} is not a constraint (unexpected {text[position:][:1]!r})"
             )
         kind = found.lastgroup or ""
         tokens.append((kind, found.group(0).strip()))
@@ -128,7 +139,7 @@ class _Parser:
         self.memory_gib = memory_gib
 
     def fail(self, what: str) -> FeatureSyntaxError:
-        return FeatureSyntaxError(f"{self.expression!r} is not a constraint ({what})")
+        return FeatureSyntaxError(f"{_quoted(self.expression)} is not a constraint ({what})")
 
     def peek(self) -> tuple[str, str] | None:
         return self.tokens[self.at] if self.at < len(self.tokens) else None
