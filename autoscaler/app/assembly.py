@@ -13,6 +13,11 @@ are pointed here at the file and line of that field when the config was read fro
 
 ``check_config`` builds exactly these parts and closes them again, contacting nothing:
 ``gpu-autoscaler validate`` accepts what ``run`` and ``plan`` build.
+
+The sources are built before the providers (``build_providers_and_signals``): a scheduler that
+renders the boot script its cloud nodes join with (``RendersJoinScript``, Slurm's
+``join_user_data``) fills the user data of each pool that joins it and brings none of its own,
+and the providers launch with it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 from autoscaler.app.recording import Recorded, recording_provider, recording_scheduler
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.telemetry import IdleTracker
+from autoscaler.model import Pool
 from autoscaler.model.clock import Clock
 from autoscaler.model.config import ControllerConfig, LeaderKind, SourceRole
 from autoscaler.model.errors import InputError
@@ -40,7 +46,13 @@ from autoscaler.ops.leader import LeaderLock, SoleReplica
 from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.spi.provider import Closable, Provider, ProviderFactory
-from autoscaler.spi.sources import NodeSource, QueueSource, TelemetrySource, WorkloadScheduler
+from autoscaler.spi.sources import (
+    NodeSource,
+    QueueSource,
+    RendersJoinScript,
+    TelemetrySource,
+    WorkloadScheduler,
+)
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.observe import Signals
 from autoscaler.tick.retry import RetryPolicy
@@ -116,7 +128,15 @@ def build_controller(
     return Assembled(controller, recorded)
 
 
-def build_providers(config: ControllerConfig, where: str = "config") -> dict[str, Provider]:
+def build_providers(
+    config: ControllerConfig,
+    where: str = "config",
+    scheduler: WorkloadScheduler | None = None,
+) -> dict[str, Provider]:
+    """Every configured provider with its pools; pools that join ``scheduler`` get the boot
+    script it renders as their user data (``joined_pools``), so build the sources first and pass
+    their scheduler (``build_providers_and_signals``)."""
+    all_pools = joined_pools(config, scheduler)
     names = sorted({p.provider for p in config.pools} | set(config.providers))
     providers: dict[str, Provider] = {}
     for name in names:
@@ -132,7 +152,7 @@ def build_providers(config: ControllerConfig, where: str = "config") -> dict[str
                     f"the provider {name!r} runs only inside the simulator",
                     field=f"providers.{name}",
                 )
-            pools = [config.pools[i] for i in indices]
+            pools = [all_pools[i] for i in indices]
             providers[name] = cls.from_config(
                 config.providers.get(name, {}), pools, config.fleet_id
             )
@@ -142,6 +162,39 @@ def build_providers(config: ControllerConfig, where: str = "config") -> dict[str
                 exc, (("provider.name", named_at), *renames), default=named_at
             ) from None
     return providers
+
+
+def joined_pools(config: ControllerConfig, scheduler: WorkloadScheduler | None) -> tuple[Pool, ...]:
+    """The config's pools, each that joins the scheduler and has no user data of its own given
+    the boot script the scheduler renders for it (when it renders one): the script that joins
+    the instance to the scheduler under its id, with the pool's market, name and GPU model. A
+    pool's own ``user_data``, even empty, is kept."""
+    if not isinstance(scheduler, RendersJoinScript):
+        return config.pools
+    pools: list[Pool] = []
+    for index, pool in enumerate(config.pools):
+        rendered = None
+        if pool.joins_scheduler and pool.user_data is None:
+            try:
+                rendered = scheduler.join_user_data(pool)
+            except InputError as exc:
+                raise config.located(exc, default=("pools", index)) from None
+        pools.append(pool if rendered is None else pool.model_copy(update={"user_data": rendered}))
+    return tuple(pools)
+
+
+def build_providers_and_signals(
+    config: ControllerConfig, where: str = "config"
+) -> tuple[dict[str, Provider], Wiring]:
+    """The sources, then the providers with the pools the scheduler among them joins
+    (``build_providers``); the sources are closed again when a provider cannot be built."""
+    wiring = build_signals(config, where)
+    try:
+        providers = build_providers(config, where, wiring.scheduler)
+    except BaseException:
+        close_all([*wiring.signals.queues, *wiring.signals.telemetry])
+        raise
+    return providers, wiring
 
 
 def load_configured_policy(config: ControllerConfig, where: str = "config") -> Policy:
@@ -158,11 +211,8 @@ def check_config(config: ControllerConfig, where: str = "config") -> None:
     clouds' clients and the sources' connections are made on first use); what lives outside
     the file (tokens and DSNs in the environment, ports, credentials) is not checked here."""
     load_configured_policy(config, where)
-    providers = build_providers(config, where)
-    try:
-        wiring = build_signals(config, where)
-    finally:
-        close_all(providers.values())
+    providers, wiring = build_providers_and_signals(config, where)
+    close_all(providers.values())
     close_all([*wiring.signals.queues, *wiring.signals.telemetry])
 
 

@@ -10,7 +10,9 @@ and their market, pool and GPU model (``join-cloud-node.sh`` starts them), so wh
 lists and what Slurm runs meet on one name. Placement is Slurm's own doing: node weights, spot
 nodes in partitions of their own that only jobs allowed on spot are put in, and exclusions that
 keep a job moved off an on-prem node away from it (``slurm_placement``). See docs/slurm.md for
-the slurm.conf lines and the ``--comment`` convention.
+the slurm.conf lines and the ``--comment`` convention. With ``join_user_data`` the adapter also
+renders each cloud pool's boot script (``join_user_data``), which the providers put on the
+instances they launch.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
-from autoscaler.model import DemandGroup, OnPremUse, Placement
+from autoscaler.model import DemandGroup, OnPremUse, Placement, Pool
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
+from autoscaler.sources.slurm_join import environment_problem, gres_type, user_data
 from autoscaler.sources.slurm_json import (
     ACTIVE_STATES,
     NODE_LIMIT_REASON,
@@ -94,6 +98,7 @@ _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NODE_COUNT = re.compile(r"[0-9]{1,10}")
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]+$")
+_GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # What ``scontrol update`` says of a job that started or ended since the queue was read: the
 # next tick reads it again, so these are not failures.
 _GONE_BY_NOW = ("no longer pending", "invalid job id", "already completed")
@@ -176,6 +181,23 @@ class SlurmSettings(BaseModel):
         description="the longest a job moved off a node is kept off it while the job it made "
         "room for has not started",
     )
+    join_user_data: bool = Field(
+        False,
+        description="render the boot script of every pool that joins the scheduler (join-cloud-"
+        "node.sh with the pool's market, name and GPU model written in): the providers put it on "
+        "the instances they launch as user data, startup-script or custom data (docs/slurm.md)",
+    )
+    join_gpu_types: dict[str, str] = Field(
+        default_factory=dict,
+        description="pool -> the gres type its nodes' GPUs join under (a100); a pool not listed "
+        "takes the type whose gpu_models entry names its gpu_model, else none (gres gpu:N)",
+    )
+    join_environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="more of the join script's environment, for every pool's nodes: "
+        "GPU_AUTOSCALER_SLURMD_ARGS (--conf-server slurmctld:6817), GPU_AUTOSCALER_NODE_CONF "
+        "(CPUs=... RealMemory=...), GPU_AUTOSCALER_FEATURES (the site's own features)",
+    )
 
     @field_validator("spot_partitions")
     @classmethod
@@ -187,6 +209,34 @@ class SlurmSettings(BaseModel):
             if twin in value:
                 raise ValueError(f"{twin!r} is both a base partition and a spot twin")
         return value
+
+    @field_validator("join_gpu_types")
+    @classmethod
+    def _gres_types(cls, value: dict[str, str]) -> dict[str, str]:
+        for pool, kind in value.items():
+            if not _GRES_TYPE.match(kind):
+                raise ValueError(
+                    f"{pool}: {kind[:40]!r} is not a gres type name (letters, digits and _.-)"
+                )
+        return value
+
+    @field_validator("join_environment")
+    @classmethod
+    def _join_environment(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            problem = environment_problem(name, text)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _join_settings_need_join(self) -> SlurmSettings:
+        if not self.join_user_data and (self.join_gpu_types or self.join_environment):
+            raise ValueError(
+                "join_gpu_types and join_environment shape the boot script that join_user_data "
+                "renders: set join_user_data: true, or remove them"
+            )
+        return self
 
     @field_validator("bin_dir", "slurm_conf")
     @classmethod
@@ -241,6 +291,20 @@ class SlurmAdapter:
     def from_config(cls, settings: Mapping[str, Any], name: str) -> SlurmAdapter:
         parsed = validate_settings(SlurmSettings, dict(settings), field=f"sources.{name}")
         return cls(parsed, name)
+
+    def join_user_data(self, pool: Pool) -> str | None:
+        """The boot script of an instance of ``pool``, when ``join_user_data`` asks for it: the
+        join script with the pool's market, name, GPU model and gres type and the site's
+        ``join_environment`` written in (``slurm_join.user_data``)."""
+        settings = self.settings
+        if not settings.join_user_data:
+            return None
+        return user_data(
+            pool,
+            settings.cloud_feature,
+            gres_type(pool, settings.join_gpu_types, settings.gpu_models),
+            settings.join_environment,
+        )
 
     def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         """Run a command; only a command that could not run (missing, not executable, no answer

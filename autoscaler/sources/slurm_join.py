@@ -7,6 +7,10 @@ reads them from its environment, or the market from the cloud's metadata; ``user
 pool's boot script with that environment written in, so a pool's launch template, instance
 template or custom data can carry exactly what the pool is. ``node_features`` is the same
 rendering in Python, for the placement code and the tests to agree with the script on.
+
+With the Slurm source's ``join_user_data`` on, the adapter renders it for every pool that joins
+the scheduler and the providers hand it to the cloud at launch (``gres_type`` picks the pool's
+gres type, ``environment_problem`` checks the site's own additions to the environment).
 """
 
 from __future__ import annotations
@@ -16,12 +20,24 @@ import shlex
 from collections.abc import Mapping
 from importlib import resources
 
-from autoscaler.model import Market, Pool
+from autoscaler.model import Market, Pool, gpu_model_matches
 
 DEFAULT_CLOUD_FEATURE = "gpu-autoscaler"
 MARKET_FEATURES = {Market.SPOT: "market-spot", Market.ON_DEMAND: "market-on-demand"}
 _NOT_FEATURE = re.compile(r"[^A-Za-z0-9_.-]")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# What the pool (or the adapter's cloud_feature and join_gpu_types) says, or what differs per
+# instance: the site's own environment may not set these for every node of every pool.
+DECIDED_BY_POOL = frozenset(
+    {
+        "GPU_AUTOSCALER_NODE_NAME",
+        "GPU_AUTOSCALER_MARKET",
+        "GPU_AUTOSCALER_POOL",
+        "GPU_AUTOSCALER_GPU_MODEL",
+        "GPU_AUTOSCALER_GPU_TYPE",
+        "GPU_AUTOSCALER_FEATURE",
+    }
+)
 
 
 def feature_word(text: str) -> str:
@@ -77,3 +93,36 @@ def user_data(
     script = join_script()
     shebang, _, body = script.partition("\n")
     return f"{shebang}\n# gpu-autoscaler pool {pool.name}\n{exports}{body}"
+
+
+def gres_type(
+    pool: Pool, gpu_types: Mapping[str, str], gpu_models: Mapping[str, str]
+) -> str | None:
+    """The gres type a node of ``pool`` registers its GPUs under: the one ``gpu_types`` names
+    for the pool, else the type whose model in the adapter's ``gpu_models`` (gres type -> model)
+    names the pool's GPU model (``a100: A100`` for ``NVIDIA A100 40GB``, as jobs' gres types are
+    matched; the most specific model wins, then the first listed), else none (``gpu:N``,
+    untyped). Jobs that ask for ``--gres=gpu:a100:1`` run only on nodes whose gres has that
+    type."""
+    if pool.name in gpu_types:
+        return gpu_types[pool.name]
+    matching = [t for t, model in gpu_models.items() if gpu_model_matches(model, pool.gpu_model)]
+    return max(matching, key=lambda t: len(_model_words(gpu_models[t])), default=None)
+
+
+def _model_words(model: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", model.lower()))
+
+
+def environment_problem(name: str, value: str) -> str | None:
+    """Why ``name=value`` cannot be added to every pool's join environment, or None."""
+    if not _ENV_NAME.fullmatch(name):
+        return f"{name[:40]!r} is not an environment variable name (A-Z, 0-9 and _)"
+    if name in DECIDED_BY_POOL:
+        return (
+            f"{name} is set for each pool by the adapter (its market, name and GPU model, "
+            "cloud_feature, join_gpu_types) or is the instance's own"
+        )
+    if "\0" in value:
+        return f"{name}'s value holds a NUL character"
+    return None

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from autoscaler.model import DemandGroup, Job, OnPremNode, Placement
+from autoscaler.model import DemandGroup, Job, OnPremNode, Placement, Pool
 
 
 @runtime_checkable
@@ -252,3 +252,18 @@ def _group_order(
         key.nodes,
         key.min_gpu_memory_gib or 0.0,
     )
+
+
+@runtime_checkable
+class RendersJoinScript(Protocol):
+    """A scheduler that renders the boot script a cloud instance joins it with: the script that
+    starts the node under its instance id with the features its pool gives it (market, pool,
+    GPU model), so that what the cloud launched and what the scheduler places work on meet.
+
+    The assembly puts it in the user data of each pool that joins the scheduler and brings none
+    of its own; each provider hands it to the cloud at launch."""
+
+    def join_user_data(self, pool: Pool) -> str | None:
+        """The boot script for an instance of ``pool``, or None when this scheduler was not
+        asked to render one."""
+        ...
