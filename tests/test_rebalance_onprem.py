@@ -105,7 +105,7 @@ def group(
         high_priority=high,
         gpu_models=models,
         oldest_submit_time=submitted,
-        oldest_job=oldest,
+        oldest_jobs=(oldest,) if jobs == 1 else tuple(f"{oldest}-{n}" for n in range(jobs)),
     )
 
 
@@ -253,7 +253,7 @@ def fleets(draw: st.DrawFn) -> Fleet:
 def test_every_move_is_one_the_placement_allows_and_the_free_cloud_room_holds(fleet: Fleet) -> None:
     view, onprem = fleet.view, fleet.onprem
     moves = rebalance_onprem.moves(view, REBALANCE, onprem)
-    groups = {g.oldest_job: g for g in view.demand.groups}
+    groups = {job: g for g in view.demand.groups for job in g.oldest_jobs}
     nodes = {n.name: n for n in view.onprem}
     served = onprem.served
     assert len({m.node for m in moves}) == len(moves), "one move per node"
@@ -308,7 +308,7 @@ def test_every_move_is_one_the_placement_allows_and_the_free_cloud_room_holds(fl
     shown = rebalance_onprem.view_for_policy(view, onprem, moves)
     dropped = served | {m.for_job for m in moves}
     expected = sum(g.gpus for g in view.demand.groups) - sum(
-        g.gpus_per_job for g in view.demand.groups if g.oldest_job in dropped
+        g.gpus_per_job for g in view.demand.groups for job in g.oldest_jobs if job in dropped
     )
     assert sum(g.gpus for g in shown.demand.groups) == expected
 

@@ -127,7 +127,7 @@ def test_uncheckpointed_job_loses_everything_it_did() -> None:
     assert math.isclose(s.accounting.lost_gpu_s, 800.0)
 
 
-def test_a_job_moved_off_a_node_keeps_its_checkpoint_and_stays_off_until_the_job_it_made_room_for_starts() -> (
+def test_a_moved_job_keeps_its_checkpoint_and_stays_off_until_the_job_it_made_room_for_starts() -> (
     None
 ):
     world = World()

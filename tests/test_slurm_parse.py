@@ -32,7 +32,7 @@ from autoscaler.sources.slurm_json import (
     pending_jobs,
     read_nodes,
 )
-from autoscaler.spi.sources import aggregate
+from autoscaler.spi.sources import NAMED_PENDING, OldestJobs, aggregate
 
 DATA = Path(__file__).parent / "data" / "slurm"
 SQUEUE = (DATA / "squeue.json").read_text()
@@ -311,6 +311,38 @@ def _expected_gpus(spec: dict[str, Any]) -> int:
     return int(per_node * nodes * tasks)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 1.0, 2.5]),
+            st.from_regex(r"[0-9]{1,3}(_[0-9]{1,2})?", fullmatch=True),
+        ),
+        min_size=1,
+        max_size=60,
+        unique_by=lambda job: job[1],
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_the_longest_waiting_jobs_are_named_whatever_the_listing_order(
+    jobs: list[tuple[float, str]], random: Any
+) -> None:
+    def named(listing: list[tuple[float, str]]) -> tuple[str, ...]:
+        oldest = OldestJobs(*listing[0])
+        for submitted, job_id in listing[1:]:
+            oldest.offer(submitted, job_id)
+        return oldest.ids()
+
+    names = named(jobs)
+    assert len(names) == min(len(jobs), NAMED_PENDING)
+    submitted = dict((job_id, when) for when, job_id in jobs)
+    waited = [submitted[job_id] for job_id in names]
+    assert waited == sorted(waited)
+    unnamed = [when for when, job_id in jobs if job_id not in names]
+    assert all(max(waited) <= when for when in unnamed)
+    assert named(random.sample(jobs, len(jobs))) == names
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(job_specs, max_size=40), st.randoms(use_true_random=False))
 def test_groups_hold_every_pending_gpu_whatever_the_order(
@@ -322,14 +354,16 @@ def test_groups_hold_every_pending_gpu_whatever_the_order(
 
         assert sum(g.gpus for g in groups) == sum(_expected_gpus(s) for s in specs)
         one_by_one = aggregate(pending_jobs(_document(*jobs), rules))
-        # The oldest job is named by its id; ``pending_jobs`` names each task of an array record
-        # ``<record>_<n>``, while the groups name the record itself (what Slurm answers to).
-        assert [g.model_copy(update={"oldest_job": None}) for g in groups] == [
-            g.model_copy(update={"oldest_job": None}) for g in one_by_one
+        # The longest-waiting jobs are named by id; ``pending_jobs`` names each task of an array
+        # record ``<record>_<n>``, while the groups name the record itself (what Slurm answers
+        # to), so the one-by-one path may name a record's tasks where the groups name it once.
+        assert [g.model_copy(update={"oldest_jobs": ()}) for g in groups] == [
+            g.model_copy(update={"oldest_jobs": ()}) for g in one_by_one
         ]
         for folded, listed in zip(groups, one_by_one, strict=True):
-            assert folded.oldest_job is not None and listed.oldest_job is not None
-            assert listed.oldest_job.split("_")[0] == folded.oldest_job
+            assert 1 <= len(folded.oldest_jobs) <= 8 and 1 <= len(listed.oldest_jobs) <= 8
+            assert listed.oldest_jobs[0].split("_")[0] == folded.oldest_jobs[0]
+            assert {j.split("_")[0] for j in listed.oldest_jobs} <= set(folded.oldest_jobs)
         for group in groups:
             assert DemandGroup.model_validate(group.model_dump()) == group
             assert group.gpus_per_node * group.nodes == group.gpus_per_job

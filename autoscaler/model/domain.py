@@ -318,10 +318,10 @@ class DemandGroup(Frozen):
         default=None, description="the queue or partition the jobs wait in, if the source has one"
     )
     oldest_submit_time: float
-    oldest_job: str | None = Field(
-        default=None,
-        description="the id of the job that has waited longest, where the source names jobs "
-        "(what on-prem rebalancing makes room for)",
+    oldest_jobs: tuple[str, ...] = Field(
+        default=(),
+        description="the ids of the jobs that have waited longest, oldest first (at most "
+        "eight), where the source names jobs: what on-prem rebalancing makes room for",
     )
 
     @model_validator(mode="after")

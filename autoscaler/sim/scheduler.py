@@ -32,7 +32,7 @@ from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Place
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import SourceError
 from autoscaler.sim.trace import TraceJob
-from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
+from autoscaler.spi.sources import NAMED_PENDING, HeldOff, NodeReading, NodeUsage, RunningJob
 
 CHECKPOINT_SIGNAL = "USR1"
 
@@ -362,7 +362,9 @@ class SimScheduler:
                             min_gpu_memory_gib=memory,
                             partition=None,
                             oldest_submit_time=heap[0][1].trace.submit,
-                            oldest_job=str(heap[0][1].seq),
+                            oldest_jobs=tuple(
+                                str(seq) for seq, _ in heapq.nsmallest(NAMED_PENDING, heap)
+                            ),
                         )
                     )
             self._demand_cache = tuple(groups)

@@ -46,7 +46,7 @@ from autoscaler.sources.slurm_features import (
     node_gpu_facts,
 )
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
-from autoscaler.spi.sources import GroupKey, RunningJob, groups_from_counts
+from autoscaler.spi.sources import GroupKey, OldestJobs, RunningJob, groups_from_counts
 
 log = logging.getLogger(__name__)
 
@@ -736,19 +736,18 @@ def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
     """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them."""
     counts: dict[GroupKey, int] = {}
     oldest: dict[GroupKey, float] = {}
-    oldest_ids: dict[GroupKey, str] = {}
+    named: dict[GroupKey, OldestJobs] = {}
     for item in pending:
         key = item.key
         if key in counts:
             counts[key] += item.copies
-            if item.submit_time < oldest[key]:
-                oldest[key] = item.submit_time
-                oldest_ids[key] = item.id
+            oldest[key] = min(oldest[key], item.submit_time)
+            named[key].offer(item.submit_time, item.id)
         else:
             counts[key] = item.copies
             oldest[key] = item.submit_time
-            oldest_ids[key] = item.id
-    return groups_from_counts(counts, oldest, oldest_ids)
+            named[key] = OldestJobs(item.submit_time, item.id)
+    return groups_from_counts(counts, oldest, {k: v.ids() for k, v in named.items()})
 
 
 def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:

@@ -6,11 +6,13 @@ write the checkpoint.
 
 The rule is the same live and in the simulator: it reads the on-prem nodes' running jobs, the
 moves still under way and the scheduler's holds (``OnPremJobs``), and asks, for each demand
-group whose longest-waiting job may displace others (oldest first), for the on-prem node that
-frees room for it by moving the fewest GPUs, with a cloud node of free room for every job moved
-(best fit, in the moved job's own tier order). A node the job already fits on needs no move;
-one already being emptied for another job is left alone. The guard rate-limits the moves, act
-carries them out through the evacuator (checkpoint, then ``MovesJobsOff.move_off``).
+group whose jobs may displace others (the group waiting longest first) and for each of the
+group's longest-waiting jobs the source names (oldest first, until one finds no room), for the
+on-prem node that frees room for it by moving the fewest GPUs, with a cloud node of free room
+for every job moved (best fit, in the moved job's own tier order). A node the job already fits
+on needs no move; one already being emptied for another job is left alone. The guard
+rate-limits the moves, act carries them out through the evacuator (checkpoint, then
+``MovesJobsOff.move_off``).
 
 Unlike the other rules it runs before the policy, under the placement in force (the last
 plan's): a job for which room is being made is about to start on-prem, so the policy is shown
@@ -77,21 +79,21 @@ class _Room:
 
 
 def displacing(view: FleetView, placement: Placement) -> list[DemandGroup]:
-    """The demand groups whose longest-waiting job may take on-prem GPUs from movable jobs, the
-    longest-waiting first."""
+    """The demand groups whose jobs may take on-prem GPUs from movable jobs, the group waiting
+    longest first."""
     if not placement.rebalance_onprem:
         return []
     groups = [
         g
         for g in view.demand.groups
         if g.nodes == 1
-        and g.oldest_job is not None
+        and g.oldest_jobs
         and Capacity.ONPREM in placement.tiers(g.checkpoint_interval_s is not None, g.high_priority)
         and placement.may_displace(
             g.gpus_per_job, g.checkpoint_interval_s is not None, g.high_priority
         )
     ]
-    return sorted(groups, key=lambda g: (g.oldest_submit_time, g.oldest_job or ""))
+    return sorted(groups, key=lambda g: (g.oldest_submit_time, g.oldest_jobs))
 
 
 def worth_reading(view: FleetView, placement: Placement) -> list[str]:
@@ -112,8 +114,8 @@ def worth_reading(view: FleetView, placement: Placement) -> list[str]:
 def view_for_policy(
     view: FleetView, onprem: OnPremJobs | None, moves: Sequence[MoveJobs]
 ) -> FleetView:
-    """The view without the pending jobs room is being made for on-prem (one job off the group
-    each names as its longest-waiting), so the policy does not buy capacity for them too."""
+    """The view without the pending jobs room is being made for on-prem (each off the group that
+    names it among its longest-waiting), so the policy does not buy capacity for them too."""
     if onprem is None and not moves:
         return view
     served = set(onprem.served if onprem is not None else ()) | {m.for_job for m in moves}
@@ -122,12 +124,13 @@ def view_for_policy(
     groups: list[DemandGroup] = []
     changed = False
     for group in view.demand.groups:
-        if group.oldest_job not in served:
+        placed = sum(1 for job in group.oldest_jobs if job in served)
+        if not placed:
             groups.append(group)
             continue
         changed = True
-        if group.jobs > 1:
-            groups.append(group.model_copy(update={"jobs": group.jobs - 1}))
+        if group.jobs > placed:
+            groups.append(group.model_copy(update={"jobs": group.jobs - placed}))
     if not changed:
         return view
     demand = view.demand.model_copy(update={"groups": tuple(groups)})
@@ -157,24 +160,26 @@ def requests(
         if any(job.id in onprem.moving for job in jobs):
             busy_nodes.add(node)
     for group in groups:
-        if group.oldest_job in served:
-            continue
-        found = _make_room(view.onprem, onprem.jobs, group, placement, room, busy_nodes, busy_jobs)
-        if found is None:
-            continue
-        node, moved = found
-        busy_nodes.add(node)
-        busy_jobs.update(job.id for job in moved)
-        assert group.oldest_job is not None
-        requests.moves.append(
-            MoveJobs(
-                node,
-                tuple(moved),
-                group.oldest_job,
-                f"on-prem {node} for job {group.oldest_job} ({group.gpus_per_job} GPU(s)"
-                f"{'' if _protected(group, placement) else ', multi-GPU'})",
+        for job_id in group.oldest_jobs:
+            if job_id in served:
+                continue
+            found = _make_room(
+                view.onprem, onprem.jobs, group, placement, room, busy_nodes, busy_jobs
             )
-        )
+            if found is None:
+                break
+            node, moved = found
+            busy_nodes.add(node)
+            busy_jobs.update(job.id for job in moved)
+            requests.moves.append(
+                MoveJobs(
+                    node,
+                    tuple(moved),
+                    job_id,
+                    f"on-prem {node} for job {job_id} ({group.gpus_per_job} GPU(s)"
+                    f"{'' if _protected(group, placement) else ', multi-GPU'})",
+                )
+            )
 
 
 def _protected(group: DemandGroup, placement: Placement) -> bool:
