@@ -1,8 +1,8 @@
 """The reconcile loop: every tick is observe → decide → guard → act, and nothing else.
 
 The controller owns the state that must outlive a tick (``FleetMemory``: the instance table,
-capacity cache, interruption history and cool-downs; the last plan) and wires the steps
-together; each lives in its own module. Decisions come from the policy's plan and the
+capacity cache, interruption history and cool-downs, what observe carries over, the checkpoint
+ledger, the plan in force, what the journal last billed) and wires the steps together; each lives in its own module. Decisions come from the policy's plan and the
 controller's own rules (``autoscaler.tick.rules``), the guard alone grants them, act carries out
 the intents and reports what happened as typed updates, which ``FleetMemory.apply`` writes. A
 policy that raises, or returns a plan the guard rejects, holds the fleet as it is for that tick
@@ -100,10 +100,11 @@ class Controller:
             config.request_timeout_s,
             config.capacity_cache_ttl_s,
             config.risky_pool_ttl_s,
+            checkpoints,
         )
         self.signals = signals or Signals(queues=tuple(queue_sources), nodes=node_source)
         self.recorder: TickMetrics | None = None
-        self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
+        self.checkpoints = self.fleet.checkpoints
         self.metrics = metrics
         checkpointing = (
             scheduler
@@ -134,6 +135,7 @@ class Controller:
             checkpointing,
             self.checkpoints,
             self.evacuator,
+            self.fleet.observed,
         )
         self.actuator = Actuator(
             config,
@@ -145,19 +147,22 @@ class Controller:
             self.evacuator,
             self._apply,
         )
-        self.last_plan: Plan | None = None
         self._unhostable_said: set[str] = set()
         self._unhostable_cache: (
             tuple[tuple[DemandGroup, ...], OnPremKinds, list[Unhostable]] | None
         ) = None
         self._tick = 0
-        self._billed: set[str] = set()
         self.last_observation: Observation | None = None
         self.last_intents: Intents | None = None
 
     @property
     def ticks(self) -> int:
         return self._tick
+
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan in force: the last one the policy made (its placement outlives the tick)."""
+        return self.fleet.last_plan
 
     @property
     def table(self) -> InstanceTable:
@@ -220,7 +225,7 @@ class Controller:
         self._acknowledge(observation.polled, observation.errors)
         self.checkpoints.expire(now)
         if held is None:
-            self.last_plan = plan
+            self.fleet.last_plan = plan
         else:
             log.warning("tick %d held: %s", number, held)
         report = TickReport(
@@ -306,9 +311,9 @@ class Controller:
             log.error("tick %d not journaled: %s", report.tick, exc)
             return
         report.accrued = accrued
-        gone = self._billed - {node.instance_id for node in billed}
-        self.journal.forget(sorted(gone))
-        self._billed = {node.instance_id for node in billed}
+        now_billed = frozenset(node.instance_id for node in billed)
+        self.journal.forget(sorted(self.fleet.billed - now_billed))
+        self.fleet.billed = now_billed
 
     def _billed_now(self, view: FleetView) -> list[Billed]:
         prices = {p.pool.name: p.price for p in view.pools}

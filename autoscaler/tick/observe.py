@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.instances import InstanceTable, SyncReport
+from autoscaler.fleet.memory import Observed
 from autoscaler.fleet.telemetry import IdleTracker, apply
 from autoscaler.model import (
     CloudNode,
@@ -28,7 +29,6 @@ from autoscaler.model import (
     Plan,
     Pool,
     PoolView,
-    PriceQuote,
 )
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import describe
@@ -103,6 +103,7 @@ class Observer:
         jobs: CheckpointingScheduler | None = None,
         checkpoints: CheckpointLedger | None = None,
         in_flight: MovesInFlight | None = None,
+        observed: Observed | None = None,
     ) -> None:
         self.config = config
         self.jobs = jobs
@@ -124,11 +125,10 @@ class Observer:
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
-        self._last_prices: dict[str, PriceQuote] = {}
+        # What outlives the tick is the controller's (FleetMemory.observed); the node cache only
+        # saves re-parsing an unchanged answer.
+        self.memory = observed if observed is not None else Observed()
         self._node_cache: dict[str, tuple[object, CloudNode]] = {}
-        self._underused_since: dict[str, float] = {}
-        self._answered_at: dict[tuple[str, str], float] = {}
-        self._first_observed: float | None = None
 
     def observe(self, now: float, tick: int, last_plan: Plan | None) -> Observation:
         errors: list[str] = []
@@ -157,7 +157,7 @@ class Observer:
             if pools:
                 try:
                     for quote in provider.prices(pools):
-                        self._last_prices[quote.pool] = quote
+                        self.memory.prices[quote.pool] = quote
                 except Exception as exc:
                     errors.append(f"provider {name}: prices failed: {describe(exc)}")
         sync = self.table.sync(listed, now, listed_ok)
@@ -241,12 +241,14 @@ class Observer:
         self, now: float, status: dict[tuple[str, str], bool]
     ) -> dict[tuple[str, str], float]:
         """Seconds since each source last answered (since the first tick, if it never has)."""
-        if self._first_observed is None:
-            self._first_observed = now
+        memory = self.memory
+        first = memory.first_observed
+        if first is None:
+            first = memory.first_observed = now
         for key, up in status.items():
             if up:
-                self._answered_at[key] = now
-        return {key: now - self._answered_at.get(key, self._first_observed) for key in status}
+                memory.answered_at[key] = now
+        return {key: now - memory.answered_at.get(key, first) for key in status}
 
     def _with_pool(self, notice: InterruptionNotice) -> InterruptionNotice:
         """A notice from a node agent knows its instance, not its pool: the table does."""
@@ -320,8 +322,8 @@ class Observer:
             if record.state is not InstanceState.RUNNING or seen is None:
                 continue
             if 0 < seen.gpus_allocated * 2 <= record.gpus:
-                since[record.id] = self._underused_since.get(record.id, now)
-        self._underused_since = since
+                since[record.id] = self.memory.underused_since.get(record.id, now)
+        self.memory.underused_since = since
         return since
 
     def _jobs_at_risk(
@@ -427,7 +429,7 @@ class Observer:
         return tuple(
             PoolView.model_construct(
                 pool=pool,
-                price=self._last_prices.get(pool.name),
+                price=self.memory.prices.get(pool.name),
                 unavailable_until=self.capacity.unavailable_until(pool.name, now),
                 risky_until=self.history.risky_until(pool.name, now),
                 recent_interruptions=self.history.recent(pool.name, now),
