@@ -1,0 +1,44 @@
+"""``gpu-autoscaler``: run, plan and check a hybrid GPU fleet, and report what it would cost.
+
+Commands: validate a config, list installed policies, run the controller, plan, run the node
+agent, write a dry-run cost report.
+
+Bad input ends in one line on stderr that names the file, line or field, and exit status 2;
+never a traceback (``--debug`` shows one for bugs). Each command is its own module here, with an
+``add(commands)`` that declares its arguments and the function that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from autoscaler.cli import agent, plan, policies, report, run, validate
+from autoscaler.model.exits import EXIT_BAD_INPUT, run_command
+
+COMMANDS = (validate, policies, run, plan, agent, report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    return run_command(lambda: int(args.run(args)), debug=args.debug)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-autoscaler", description=(__doc__ or "").splitlines()[0].replace("``", "")
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    commands = parser.add_subparsers(dest="command")
+    for command in COMMANDS:
+        command.add(commands)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m autoscaler.cli``."""
+
+import sys
+
+from autoscaler.cli import main
+
+sys.exit(main())

@@ -1,0 +1,204 @@
+"""``gpu-autoscaler report`` (and its older name ``simulate``): the dry-run cost report from a
+scenario, a suite or a journal."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autoscaler.cli.base import Subcommands
+from autoscaler.model.errors import InputError
+
+if TYPE_CHECKING:
+    from autoscaler.sim.scenario import LoadedScenario
+
+
+def add(commands: Subcommands) -> None:
+    for name in ("report", "simulate"):
+        report = commands.add_parser(
+            name, help="replay a scenario through policies and write the dry-run cost report"
+        )
+        report.add_argument(
+            "--scenario",
+            type=Path,
+            default=None,
+            help="scenario file (default: the shipped Alibaba openb scenario)",
+        )
+        report.add_argument(
+            "--out",
+            type=Path,
+            default=Path("report"),
+            help="folder for report.json, report.md and report.html",
+        )
+        report.add_argument(
+            "--policy",
+            action="append",
+            default=None,
+            help="compare only these policies from the scenario (repeatable)",
+        )
+        report.add_argument(
+            "--suite",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="replay every scenario of this suite file with the same policies and write "
+            "suite.json and suite.md (see docs/evaluation.md)",
+        )
+        report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
+        report.add_argument(
+            "--no-checkpoint-comparison",
+            action="store_true",
+            help="skip replaying the default policy with checkpoint awareness flipped",
+        )
+        report.add_argument("--no-progress", action="store_true", help="no progress bar")
+        report.add_argument(
+            "--journal",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="report real spend from this SQLite journal instead of replaying a scenario",
+        )
+        report.add_argument(
+            "--journal-postgres-env",
+            default=None,
+            metavar="VAR",
+            help="report real spend from the PostgreSQL journal whose DSN this variable holds",
+        )
+        report.add_argument("--since", default=None, help="journal period start (ISO, UTC)")
+        report.add_argument("--until", default=None, help="journal period end (ISO, UTC)")
+        report.add_argument(
+            "--compare-scenario",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="with --journal: put this scenario's replay of the policy beside the real spend",
+        )
+        report.set_defaults(run=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    if args.suite is not None:
+        from autoscaler.report.suite import run_suite_command
+
+        return run_suite_command(args)
+    if args.journal is not None or args.journal_postgres_env is not None:
+        from autoscaler.report.journal import run_journal_report
+
+        policies = args.policy or []
+        if len(policies) > 1:
+            raise InputError("--policy", "name one policy to compare a journal with")
+        return run_journal_report(
+            args.journal,
+            args.journal_postgres_env,
+            args.since,
+            args.until,
+            args.out,
+            args.compare_scenario,
+            policies[0] if policies else None,
+        )
+    if args.since or args.until or args.compare_scenario:
+        raise InputError(
+            "report", "--since, --until and --compare-scenario go with a journal (--journal)"
+        )
+    from autoscaler.sim.scenario import default_scenario_path, load_scenario
+
+    loaded = load_scenario(args.scenario or default_scenario_path())
+    with loaded.locating():
+        return _replay_report(args, loaded)
+
+
+def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
+    from tqdm import tqdm
+
+    from autoscaler.report.build import DEFAULT_POLICY, build_report
+    from autoscaler.report.render import summary_markdown
+    from autoscaler.report.write import write_report
+    from autoscaler.sim.engine import prepare, simulate
+    from autoscaler.sim.hostable import check_hostable
+    from autoscaler.sim.lowerbound import compute_lower_bounds
+
+    scenario = loaded.scenario
+    specs = list(enumerate(scenario.policies))
+    if args.policy:
+        wanted = set(args.policy)
+        unknown = (
+            wanted - {s.name for s in scenario.policies} - {s.title for s in scenario.policies}
+        )
+        if unknown:
+            raise InputError(
+                loaded.source,
+                f"--policy {', '.join(sorted(unknown))} is not among the "
+                "scenario's policies: " + ", ".join(s.title for s in scenario.policies),
+                field="policies",
+            )
+        specs = [(i, s) for i, s in specs if s.name in wanted or s.title in wanted]
+    prepared = prepare(loaded)
+    loaded.check_replay_length(prepared.horizon_s)
+    unhostable = check_hostable(prepared)
+    if unhostable.jobs:
+        print(
+            f"{loaded.source}: note: {unhostable.describe()}. They stay pending in every "
+            "replay and the lower bound leaves them out.",
+            file=sys.stderr,
+        )
+    results = []
+    for index, spec in specs:
+        with tqdm(
+            total=round(prepared.horizon_s / 3600),
+            unit="h",
+            desc=f"replay {spec.title}",
+            disable=True if args.no_progress else None,
+            leave=False,
+        ) as bar:
+
+            def progress(t: float, bar: tqdm = bar) -> None:  # type: ignore[type-arg]
+                bar.update(round(t / 3600) - bar.n)
+
+            results.append(simulate(prepared, spec, index, progress))
+    flipped = None
+    compared = next(
+        ((i, s) for i, s in specs if s.name == DEFAULT_POLICY), specs[0] if specs else None
+    )
+    if compared is not None and not args.no_checkpoint_comparison:
+        index, spec = compared
+        flipped = simulate(
+            prepared,
+            spec,
+            index,
+            checkpoint_aware=not scenario.controller.interruptions.checkpoint_aware,
+        )
+    bounds = (
+        []
+        if args.no_lower_bound or not scenario.lower_bound.enabled
+        else compute_lower_bounds(prepared)
+    )
+    report = build_report(prepared, results, bounds, flipped)
+    where = _non_finite(report.model_dump())
+    if where is not None:  # validated inputs never lead here: a bug, and no report is written
+        raise ArithmeticError(f"the report's figure {where} is not a finite number")
+    written = write_report(report, args.out)
+    print(summary_markdown(report))
+    print("\nwritten: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _non_finite(value: object, at: str = "") -> str | None:
+    """Where the first NaN or infinite figure of a dumped report is, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at or "(top level)"
+    if isinstance(value, dict):
+        items: list[tuple[str, object]] = [
+            (f"{at}.{k}" if at else str(k), v) for k, v in value.items()
+        ]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{at}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, inner in items:
+        found = _non_finite(inner, where)
+        if found is not None:
+            return found
+    return None
