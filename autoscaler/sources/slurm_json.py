@@ -735,19 +735,22 @@ def _ident(job: Any) -> str:
 def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
     """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them."""
     counts: dict[GroupKey, int] = {}
-    oldest: dict[GroupKey, float] = {}
     named: dict[GroupKey, OldestJobs] = {}
+    bounds: dict[GroupKey, float] = {}
     for item in pending:
         key = item.key
+        submitted = item.submit_time
         if key in counts:
             counts[key] += item.copies
-            oldest[key] = min(oldest[key], item.submit_time)
-            named[key].offer(item.submit_time, item.id)
+            if submitted <= bounds[key]:
+                bounds[key] = named[key].offer(submitted, item.id)
         else:
             counts[key] = item.copies
-            oldest[key] = item.submit_time
-            named[key] = OldestJobs(item.submit_time, item.id)
-    return groups_from_counts(counts, oldest, {k: v.ids() for k, v in named.items()})
+            named[key] = OldestJobs(submitted, item.id)
+            bounds[key] = math.inf
+    return groups_from_counts(
+        counts, {k: v.submitted() for k, v in named.items()}, {k: v.ids() for k, v in named.items()}
+    )
 
 
 def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:

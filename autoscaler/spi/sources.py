@@ -194,8 +194,8 @@ _job_key = operator.attrgetter(*GroupKey._fields)
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
     """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
     counts: dict[tuple[object, ...], int] = {}
-    oldest: dict[tuple[object, ...], float] = {}
     named: dict[tuple[object, ...], OldestJobs] = {}
+    bounds: dict[tuple[object, ...], float] = {}
     for job in jobs:
         # A plain tuple equal to the job's GroupKey, read in C (this runs for every pending
         # job); the groups are built from GroupKeys.
@@ -203,15 +203,15 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
         submitted = job.submit_time
         if key in counts:
             counts[key] += 1
-            oldest[key] = min(oldest[key], submitted)
-            named[key].offer(submitted, job.id)
+            if submitted <= bounds[key]:
+                bounds[key] = named[key].offer(submitted, job.id)
         else:
             counts[key] = 1
-            oldest[key] = submitted
             named[key] = OldestJobs(submitted, job.id)
+            bounds[key] = math.inf
     return groups_from_counts(
         {GroupKey._make(k): v for k, v in counts.items()},
-        {GroupKey._make(k): v for k, v in oldest.items()},
+        {GroupKey._make(k): v.submitted() for k, v in named.items()},
         {GroupKey._make(k): v.ids() for k, v in named.items()},
     )
 
@@ -234,15 +234,22 @@ class OldestJobs:
         ]
         self._bound = math.inf
 
-    def offer(self, submitted: float, job_id: str) -> None:
+    def offer(self, submitted: float, job_id: str) -> float:
+        """Keep the job if it may be among the longest-waiting; returns the submit time past
+        which no later offer can be (callers on a hot path skip those without a call)."""
         if submitted > self._bound:
-            return
+            return self._bound
         kept = self._kept
         kept.append((submitted, _natural(job_id), job_id))
         if len(kept) >= 4 * NAMED_PENDING:
             kept.sort()
             del kept[NAMED_PENDING:]
             self._bound = kept[-1][0]
+        return self._bound
+
+    def submitted(self) -> float:
+        """When the longest-waiting job was submitted (it is always kept)."""
+        return min(self._kept)[0]
 
     def ids(self) -> tuple[str, ...]:
         return tuple(job_id for _, _, job_id in sorted(self._kept)[:NAMED_PENDING])
