@@ -11,8 +11,12 @@ A provider class offers ``from_config(settings, pools, fleet_id) -> Provider``; 
 (queue, node source, telemetry, scheduler). Both raise ``InputError`` naming the field; errors
 are pointed here at the file and line of that field when the config was read from a file.
 
-``check_config`` builds exactly these parts and closes them again, contacting nothing:
-``gpu-autoscaler validate`` accepts what ``run`` and ``plan`` build.
+``build_file_parts`` builds what the config file alone decides (the policy, the sources, the
+providers with their pools, every ``*_env`` name) and contacts nothing: ``run`` starts with it,
+and ``check_config`` (``gpu-autoscaler validate`` and ``run --dry-start``) builds it and the
+controller, then closes them again, so validate accepts exactly what run builds. What lives
+outside the file (the tokens and DSN in the environment, TLS files, ports, the journal, the
+clouds) is read when ``run`` goes on from there.
 
 The sources are built before the providers (``build_providers_and_signals``): a scheduler that
 renders the boot script its cloud nodes join with (``RendersJoinScript``, Slurm's
@@ -35,11 +39,11 @@ from autoscaler.app.recording import Recorded, recording_provider, recording_sch
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model import Pool
-from autoscaler.model.clock import Clock
+from autoscaler.model.clock import Clock, SystemClock
 from autoscaler.model.config import ControllerConfig, LeaderKind, SourceRole
 from autoscaler.model.errors import InputError
 from autoscaler.model.logs import register_secret
-from autoscaler.model.secrets import read_secret_env
+from autoscaler.model.secrets import read_secret_env, register_config_secrets
 from autoscaler.ops.inbox import InboxServer, NoticeInbox
 from autoscaler.ops.journal import Journal, JournalError, open_journal
 from autoscaler.ops.leader import LeaderLock, SoleReplica
@@ -110,21 +114,24 @@ def build_controller(
         if scheduler is not None:
             scheduler = recording_scheduler(scheduler, recorded)
         journal, metrics, fence = None, None, None
-    controller = Controller(
-        config,
-        policy,
-        providers,
-        clock,
-        scheduler=scheduler,
-        signals=parts.signals,
-        incarnation=incarnation,
-        retry=retry,
-        timer=timer,
-        metrics=metrics,
-        checkpoints=parts.checkpoints,
-        journal=journal,
-        fence=fence,
-    )
+    try:
+        controller = Controller(
+            config,
+            policy,
+            providers,
+            clock,
+            scheduler=scheduler,
+            signals=parts.signals,
+            incarnation=incarnation,
+            retry=retry,
+            timer=timer,
+            metrics=metrics,
+            checkpoints=parts.checkpoints,
+            journal=journal,
+            fence=fence,
+        )
+    except InputError as exc:
+        raise config.located(exc) from None
     return Assembled(controller, recorded)
 
 
@@ -205,15 +212,57 @@ def load_configured_policy(config: ControllerConfig, where: str = "config") -> P
         raise config.located(exc, default=("policy",)) from None
 
 
-def check_config(config: ControllerConfig, where: str = "config") -> None:
-    """Build the policy, providers and sources as ``run`` and ``plan`` do, and close them: every
-    setting the file holds is checked by the code that will use it. Nothing is contacted (the
-    clouds' clients and the sources' connections are made on first use); what lives outside
-    the file (tokens and DSNs in the environment, ports, credentials) is not checked here."""
-    load_configured_policy(config, where)
+@dataclass
+class FileParts:
+    """What the config file alone builds: the policy, the providers (their pools given the
+    scheduler's boot script) and what the sources give the controller."""
+
+    policy: Policy
+    providers: dict[str, Provider]
+    wiring: Wiring
+
+    def plugged(self) -> Parts:
+        """The parts as ``build_controller`` takes them, with nothing of the environment yet."""
+        return Parts(self.providers, self.wiring.signals, self.wiring.scheduler)
+
+    def close(self, *, quiet: bool = False) -> None:
+        signals = self.wiring.signals
+        close_all([*self.providers.values(), *signals.queues, *signals.telemetry], quiet=quiet)
+
+
+def build_file_parts(config: ControllerConfig, where: str = "config") -> FileParts:
+    """The policy, the sources, then the providers, each checking its own settings; then every
+    ``*_env`` field's name is checked and its value registered as a secret. Nothing is contacted
+    (the clouds' clients and the sources' connections are made on first use). ``run`` starts
+    with this and ``check_config`` is this, so what ``validate`` accepts ``run`` builds; every
+    error names the file, line and field."""
+    policy = load_configured_policy(config, where)
     providers, wiring = build_providers_and_signals(config, where)
-    close_all(providers.values())
-    close_all([*wiring.signals.queues, *wiring.signals.telemetry])
+    parts = FileParts(policy, providers, wiring)
+    try:
+        register_config_secrets(config, where)
+    except InputError as exc:
+        parts.close(quiet=True)
+        raise config.located(exc) from None
+    except BaseException:
+        parts.close(quiet=True)
+        raise
+    return parts
+
+
+def check_config(config: ControllerConfig, where: str = "config") -> None:
+    """Build what ``run`` builds from the file (``build_file_parts``) and the live controller
+    over it, and close them: every setting the file holds is checked by the code that will use
+    it. What lives outside the file (tokens and DSNs in the environment, TLS files, ports, the
+    journal's database, credentials) is not checked here."""
+    parts = build_file_parts(config, where)
+    try:
+        assembled = build_controller(
+            config, Mode.LIVE, parts.policy, SystemClock(), parts.plugged()
+        )
+        assembled.controller.close()
+    finally:
+        parts.close(quiet=True)
 
 
 def close_all(parts: Iterable[object], *, quiet: bool = False) -> None:

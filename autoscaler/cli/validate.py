@@ -1,5 +1,6 @@
-"""``gpu-autoscaler validate FILE``: a controller config, a scenario or a suite, checked as the
-commands that read them check them."""
+"""``gpu-autoscaler validate --config FILE`` (or ``validate FILE``): a controller config, a
+scenario or a suite, checked as the commands that read them check them. A controller config is
+built as ``run`` builds it from the file (``run --dry-start`` answers the same)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,37 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoscaler.cli.base import Subcommands
-from autoscaler.model import Pool
 from autoscaler.model.errors import InputError
+
+if TYPE_CHECKING:
+    from autoscaler.model import Pool
+    from autoscaler.model.config import ControllerConfig
 
 
 def add(commands: Subcommands) -> None:
-    validate = commands.add_parser("validate", help="check a controller config or a scenario file")
-    validate.add_argument("file", type=Path)
+    validate = commands.add_parser(
+        "validate", help="check a controller config, a scenario or a suite file"
+    )
+    validate.add_argument(
+        "file", type=Path, nargs="?", help="the file (or give it with --config, as run takes it)"
+    )
+    validate.add_argument("--config", type=Path, default=None, help="the file to check")
     validate.set_defaults(run=_validate)
+
+
+def _file(args: argparse.Namespace) -> Path:
+    """The one file to check, given positionally or with ``--config``."""
+    if args.file is not None and args.config is not None and args.file != args.config:
+        raise InputError(
+            "validate", f"two files given ({args.file} and --config {args.config}): give one"
+        )
+    path: Path | None = args.config if args.config is not None else args.file
+    if path is None:
+        raise InputError("validate", "give the file to check: validate --config FILE")
+    return path
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -27,21 +49,22 @@ def _validate(args: argparse.Namespace) -> int:
     from autoscaler.model.inputfile import read_yaml, relocate
     from autoscaler.spi.policy import load_policy
 
-    document = read_yaml(args.file)
+    file = _file(args)
+    document = read_yaml(file)
     if isinstance(document.data, dict) and "scenarios" in document.data:
-        return _validate_suite(args.file)
+        return _validate_suite(file)
     if isinstance(document.data, dict) and "controller" in document.data:
         from autoscaler.sim.engine import prepare
         from autoscaler.sim.hostable import check_hostable
         from autoscaler.sim.scenario import load_scenario
 
-        loaded = load_scenario(args.file)
+        loaded = load_scenario(file)
         for index, spec in enumerate(loaded.scenario.policies):
             try:
                 load_policy(
                     spec.name,
                     spec.params,
-                    where=str(args.file),
+                    where=str(file),
                     field_prefix=f"policies[{index}].params",
                 )
             except InputError as exc:
@@ -52,21 +75,27 @@ def _validate(args: argparse.Namespace) -> int:
             prepared = prepare(loaded)
         loaded.check_replay_length(prepared.horizon_s)
         scenario = loaded.scenario
-        _warn_unknown_models(args.file, "controller.pools", scenario.controller.pools)
+        _warn_unknown_models(file, "controller.pools", scenario.controller.pools)
         unhostable = check_hostable(prepared)
         if unhostable.jobs:
-            print(f"{args.file}: trace: {unhostable.describe()}", file=sys.stderr)
+            print(f"{file}: trace: {unhostable.describe()}", file=sys.stderr)
             return 2
         print(
-            f"{args.file}: ok: scenario {scenario.name!r}, {len(prepared.selection.jobs)} jobs, "
+            f"{file}: ok: scenario {scenario.name!r}, {len(prepared.selection.jobs)} jobs, "
             f"{len(scenario.controller.pools)} pools, {len(scenario.policies)} policies"
         )
         return 0
     config = config_from_document(document)
-    check_config(config, where=str(args.file))
-    _warn_unknown_models(args.file, "pools", config.pools)
+    check_config(config, where=str(file))
+    return report_controller_config(file, config)
+
+
+def report_controller_config(file: Path, config: ControllerConfig) -> int:
+    """What ``validate`` and ``run --dry-start`` say of a controller config they built: its
+    warnings on stderr, then one ok line."""
+    _warn_unknown_models(file, "pools", config.pools)
     print(
-        f"{args.file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
+        f"{file}: ok: fleet {config.fleet_id!r}, {len(config.pools)} pools, "
         f"policy {config.policy.name!r}"
     )
     return 0
