@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from autoscaler.model import Capacity, OnPremUse, Placement
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.errors import SourceError
-from autoscaler.sim.scheduler import SimJob, SimScheduler
+from autoscaler.sim.scheduler import UNJUDGED_TIERS, SimJob, SimScheduler
 from autoscaler.sim.trace import TraceJob
 
 
@@ -31,15 +32,24 @@ def trace_job(
 
 
 class World:
-    """Drives a scheduler through time the way the engine does: events in order, then a pass."""
+    """Drives a scheduler through time the way the engine does: events in order, then a pass.
+    ``tick`` applies a placement as the controller's tick does; the world notes whether each
+    job had been judged by one when it last started."""
 
     def __init__(self) -> None:
         self.clock = ManualClock(0.0)
         self.events: list[tuple[float, int, SimJob, int]] = []
         self.order = itertools.count()
         self.scheduler = SimScheduler(self.clock, 5.0, self._started)
+        self.judged: int | None = None  # jobs submitted before the last tick; None: no tick yet
+        self.judged_at_start: dict[int, bool] = {}
+
+    def tick(self, placement: Placement) -> None:
+        self.scheduler.apply_placement(placement)
+        self.judged = len(self.scheduler.jobs)
 
     def _started(self, job: SimJob, end: float) -> None:
+        self.judged_at_start[job.seq] = self.judged is None or job.seq < self.judged
         heapq.heappush(self.events, (end, next(self.order), job, job.run_id))
 
     def run_until(self, t: float) -> None:
@@ -60,6 +70,8 @@ class World:
                 allowed = placement.tiers(
                     job.trace.checkpoint_interval_s is not None, job.trace.high_priority
                 )
+                if not self.judged_at_start[job.seq]:
+                    allowed = UNJUDGED_TIERS
                 assert node.kind in allowed, (job.trace.id, node.kind)
 
 
@@ -83,17 +95,44 @@ def test_placement_keeps_protected_jobs_off_spot_and_orders_tiers() -> None:
     s = world.scheduler
     s.add_node("spot", 1, Capacity.SPOT, "p", 0.0)
     s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
+    protected = s.submit(trace_job("protected"), 0.0)
+    safe = s.submit(trace_job("safe", interval=600.0), 0.0)
     s.apply_placement(
         Placement(protect_uncheckpointable=True, spot_safe_onprem=OnPremUse.AFTER_CLOUD)
     )
-    protected = s.submit(trace_job("protected"), 0.0)
-    safe = s.submit(trace_job("safe", interval=600.0), 0.0)
     s.schedule(0.0)
     assert protected.node is not None and protected.node.name == "onprem"
     assert safe.node is not None and safe.node.name == "spot"
     late = s.submit(trace_job("late-protected"), 1.0)
     s.schedule(1.0)
     assert late.node is None, "the only free room left would be spot"
+
+
+def test_a_job_submitted_since_the_last_placement_uses_spot_only_from_the_next_tick() -> None:
+    """Live, a new job is in its base partition only (on-prem and on-demand nodes) until the
+    controller's next tick judges it spot-safe and adds the spot partition: found by the
+    parity test (tests/test_parity.py), where the simulator started such a job on spot room
+    at once and Slurm put it on an on-demand node or kept it waiting for the tick."""
+    world = World()
+    s = world.scheduler
+    placement = Placement(protect_uncheckpointable=True)
+    s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
+    s.add_node("spot", 2, Capacity.SPOT, "p", 0.0)
+    world.tick(placement)
+    filler = s.submit(trace_job("filler", duration=1000.0), 0.0)
+    waits = s.submit(trace_job("waits", interval=600.0), 0.0)
+    s.schedule(0.0)
+    assert filler.node is not None and filler.node.name == "onprem"
+    assert waits.node is None, "spot room only: it waits for the tick"
+    assert [g.jobs for g in s.read(0.0)] == [1], "and is demand meanwhile"
+    world.tick(placement)
+    s.schedule(0.0)
+    assert waits.node is not None and waits.node.name == "spot"
+    s.add_node("od", 1, Capacity.ON_DEMAND, "q", 10.0)
+    late = s.submit(trace_job("late", interval=600.0), 20.0)
+    s.schedule(20.0)
+    assert late.node is not None and late.node.name == "od", "not spot, which comes first"
+    world.check()
 
 
 def test_interrupted_job_keeps_work_up_to_its_last_checkpoint_and_requeues() -> None:
@@ -132,13 +171,15 @@ def test_a_moved_job_keeps_its_checkpoint_and_stays_off_until_the_job_it_made_ro
 ):
     world = World()
     s = world.scheduler
-    s.apply_placement(Placement(protect_uncheckpointable=True, rebalance_onprem=True))
+    placement = Placement(protect_uncheckpointable=True, rebalance_onprem=True)
     s.add_node("onprem", 1, Capacity.ONPREM, None, 0.0)
     mobile = s.submit(trace_job("mobile", duration=5000.0, interval=600.0, cost=10.0), 0.0)
+    s.apply_placement(placement)
     s.schedule(0.0)
     assert mobile.node is not None and mobile.node.name == "onprem"
     world.run_until(700.0)
     protected = s.submit(trace_job("protected", duration=100.0), 700.0)
+    s.apply_placement(placement)  # the tick that asks for the move
     s.schedule(700.0)
     assert protected.node is None, "the scheduler never moves a job by itself"
     with pytest.raises(SourceError, match="does not run there"):
@@ -161,7 +202,6 @@ def test_a_moved_job_keeps_its_checkpoint_and_stays_off_until_the_job_it_made_ro
 def test_a_moved_job_does_not_take_back_the_node_it_left() -> None:
     world = World()
     s = world.scheduler
-    s.apply_placement(Placement(rebalance_onprem=True))
     s.add_node("onprem", 2, Capacity.ONPREM, None, 0.0)
     small = s.submit(trace_job("small", duration=9000.0, interval=600.0), 0.0)
     s.schedule(0.0)
@@ -169,6 +209,7 @@ def test_a_moved_job_does_not_take_back_the_node_it_left() -> None:
     filler = s.submit(trace_job("filler", duration=9000.0), 6.0)
     s.schedule(6.0)
     assert filler.node is not None and big.node is None
+    s.apply_placement(Placement(rebalance_onprem=True))  # the tick that asks for the move
     s.move_off(str(small.seq), "onprem", str(big.seq))
     s.schedule(7.0)
     # the freed GPU is not enough for the big job; the moved one may not take it back
@@ -200,6 +241,7 @@ jobs_strategy = st.lists(
         st.sampled_from([1, 1, 1, 2, 4, 8]),  # gpus
         st.none() | st.floats(60, 1200),  # checkpoint interval
         st.floats(0, 60),  # checkpoint cost
+        st.booleans(),  # a tick comes before the scheduler next looks at the queue
     ),
     min_size=1,
     max_size=40,
@@ -221,7 +263,7 @@ nodes_strategy = st.lists(
     jobs_strategy, nodes_strategy, st.sampled_from(list(OnPremUse)), st.booleans(), st.booleans()
 )
 def test_never_over_commits_and_conserves_gpu_seconds(
-    jobs: list[tuple[float, float, int, float | None, float]],
+    jobs: list[tuple[float, float, int, float | None, float, bool]],
     nodes: list[tuple[int, Capacity, float, float | None]],
     onprem_use: OnPremUse,
     protect: bool,
@@ -229,18 +271,19 @@ def test_never_over_commits_and_conserves_gpu_seconds(
 ) -> None:
     world = World()
     s = world.scheduler
-    s.apply_placement(
-        Placement(
-            protect_uncheckpointable=protect,
-            spot_safe_onprem=onprem_use,
-            rebalance_onprem=rebalance,
-        )
+    placement = Placement(
+        protect_uncheckpointable=protect,
+        spot_safe_onprem=onprem_use,
+        rebalance_onprem=rebalance,
     )
+    world.tick(placement)
     timeline: list[tuple[float, int, str, object]] = []
-    for i, (submit, duration, gpus, interval, cost) in enumerate(jobs):
+    ticked: dict[str, bool] = {}
+    for i, (submit, duration, gpus, interval, cost, tick) in enumerate(jobs):
         timeline.append(
             (submit, 1, "submit", trace_job(f"j{i}", gpus, duration, submit, interval, cost))
         )
+        ticked[f"j{i}"] = tick
     for i, (gpus, kind, joins, leaves) in enumerate(nodes):
         timeline.append((joins, 0, "join", (f"n{i}", gpus, kind)))
         if leaves is not None and leaves > joins:
@@ -251,8 +294,10 @@ def test_never_over_commits_and_conserves_gpu_seconds(
         if what == "submit":
             assert isinstance(payload, TraceJob)
             s.submit(payload, when)
+            if ticked[payload.id]:
+                world.tick(placement)
         elif what == "join":
-            name, gpus, kind = payload  # type: ignore[misc]
+            name, gpus, kind = cast(tuple[str, int, Capacity], payload)
             s.add_node(name, gpus, kind, None, when)
         else:
             s.remove_node(str(payload), when)

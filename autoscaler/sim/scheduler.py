@@ -5,7 +5,9 @@ Jobs start in submission order; a job that fits nowhere does not hold back later
 the autoscaler is for). A job runs on one node, or, asking for several, on that many distinct
 nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only on GPUs of
 a model it accepts. Within the tiers a placement rule allows, the nodes that fit most tightly
-win. Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
+win; a job submitted since the controller last applied a placement may use on-prem and on-demand
+nodes only, until the next placement judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions
+do live). Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
 its last finished checkpoint and goes back to the queue in its original order. Any member of a
 multi-node job going away stops the whole job, which is requeued whole, as Slurm requeues it.
 
@@ -119,6 +121,12 @@ class Accounting:
 
 
 MOVE_HOLD_S = 1800.0
+# Where a job submitted since the last placement may start: live, Slurm puts it in its base
+# partition only (on-prem and on-demand cloud nodes, on-prem first by node weight) until the
+# controller's next tick judges it and adds the spot partition (docs/slurm.md, "Safe by
+# default"). A spot-safe job that arrives between ticks takes on-prem or on-demand room at once,
+# or waits for that tick to use spot.
+UNJUDGED_TIERS = (Capacity.ONPREM, Capacity.ON_DEMAND)
 
 
 @dataclass
@@ -176,6 +184,9 @@ class SimScheduler:
         self._max_free = 0
         self.busy_gpus: dict[Capacity, int] = dict.fromkeys(Capacity, 0)
         self._holds: dict[int, _Hold] = {}  # by the moved job's seq
+        # Jobs below this seq were submitted before the placement in force was applied; later
+        # ones have not been judged by any placement yet (None: no placement applied so far).
+        self._judged_below: int | None = None
 
     # -- the world changes -------------------------------------------------------------------
 
@@ -247,8 +258,11 @@ class SimScheduler:
     # -- the controller's adapter ------------------------------------------------------------
 
     def apply_placement(self, placement: Placement) -> None:
-        if placement != self.placement:
+        """The placement in force from now on, for every job submitted so far: jobs submitted
+        later are judged by the next one (``UNJUDGED_TIERS`` until then)."""
+        if placement != self.placement or self._judged_below != len(self.jobs):
             self.placement = placement
+            self._judged_below = len(self.jobs)
             self._dirty = True
 
     def drain(self, node: str, reason: str) -> int:
@@ -471,6 +485,8 @@ class SimScheduler:
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
+        if self._judged_below is not None and job.seq >= self._judged_below:
+            return UNJUDGED_TIERS
         return self.placement.tiers(
             job.trace.checkpoint_interval_s is not None, job.trace.high_priority
         )
