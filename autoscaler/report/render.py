@@ -10,18 +10,10 @@ deterministic (no generation time, fixed SVG ids) so a report can be diffed and 
 from __future__ import annotations
 
 import html
-import io
 import json
-import math
-import re
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import matplotlib
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from typing import Any
 
 from autoscaler.report.model import (
     CheckpointComparison,
@@ -29,56 +21,28 @@ from autoscaler.report.model import (
     Percentiles,
     PolicyResult,
     Report,
-    Series,
     WindowInfo,
 )
+from autoscaler.report.plots import Plot, plots
+from autoscaler.report.render_format import (
+    DASH,
+    cheapest_policy,
+    num,
+    pct,
+    ratio,
+    secs,
+    signed_pct,
+    signed_usd,
+    usd,
+    usd_cents,
+)
 from autoscaler.sim.lowerbound_result import LowerBoundResult
-
-if TYPE_CHECKING:
-    from matplotlib.typing import RcKeyType
-
-DASH = "—"
-HOURS_PER_DAY = 24.0
 
 # ---------------------------------------------------------------- numbers for people
 
 
-def _usd(value: float | None) -> str:
-    """Whole dollars once cents stop mattering; cents for the small sums of a short replay."""
-    if value is None or not math.isfinite(value):
-        return DASH
-    sign = "-" if value < 0 else ""
-    amount = abs(value)
-    return f"{sign}${amount:,.0f}" if amount >= 100 else f"{sign}${amount:,.2f}"
-
-
-def _usd_cents(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
-
-
-def _ratio(value: float | None) -> str:
-    return DASH if value is None or not math.isfinite(value) else f"{value:.2f}x"
-
-
-# A figure the source cannot know (None) shows as a dash, never as a zero.
-
-
-def _pct(fraction: float | None) -> str:
-    return DASH if fraction is None else f"{fraction * 100:.1f} %"
-
-
-def _num(value: float | None, digits: int = 0) -> str:
-    return DASH if value is None else f"{value:,.{digits}f}"
-
-
-def _secs(value: float | None) -> str:
-    return DASH if value is None else f"{value:g} s"
-
-
 def _wait(wait: Percentiles | None, pick: Callable[[Percentiles], float]) -> str:
-    return DASH if wait is None else _num(pick(wait))
+    return DASH if wait is None else num(pick(wait))
 
 
 def _jobs(policy: PolicyResult) -> str:
@@ -113,6 +77,8 @@ class Table:
     rows: tuple[tuple[str, ...], ...]
     right: tuple[bool, ...]
     """Per column: right-aligned, so columns of numbers line up on their last digit."""
+    key: str = ""
+    """A stable name for the HTML (``data-table``), so a page can be checked table by table."""
 
 
 @dataclass(frozen=True)
@@ -142,13 +108,17 @@ class Section:
 
 
 def _table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], words: Collection[int] = (0,)
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    words: Collection[int] = (0,),
+    key: str = "",
 ) -> Table:
     """Columns listed in ``words`` hold text and stay left-aligned; the rest are numbers."""
     return Table(
         headers=tuple(headers),
         rows=tuple(tuple(r) for r in rows),
         right=tuple(i not in words for i in range(len(headers))),
+        key=key,
     )
 
 
@@ -165,16 +135,53 @@ def _ratio_keys(report: Report) -> list[str]:
     return list(keys)
 
 
-def comparison_table(report: Report) -> Table:
+def _vs_cheapest(policy: PolicyResult, cheapest: PolicyResult) -> str:
+    """How much more than the cheapest policy: the one figure that ranks the policies."""
+    if policy is cheapest:
+        return "cheapest"
+    difference = policy.cost - cheapest.cost
+    if cheapest.cost > 0:
+        return signed_pct(difference / cheapest.cost)
+    return signed_usd(difference)
+
+
+def cost_table(report: Report) -> Table:
+    """What each policy cost and how long its jobs waited: the trade-off a reader weighs first.
+    Kept apart from :func:`usage_table` so that neither needs more than a page's width."""
     keys = _ratio_keys(report)
+    cheapest = cheapest_policy(report.policies) if len(report.policies) > 1 else None
     headers = [
         "Policy",
         "Cost",
+        *(["vs cheapest"] if cheapest is not None else []),
         "$/useful GPU-h",
         *(_wait_key_header(k) for k in keys),
         "Wait p50 s",
         "Wait p95 s",
         "Wait p99 s",
+        "Jobs finished/total",
+    ]
+    rows = [
+        [
+            _label(report, p),
+            usd(p.cost),
+            *([_vs_cheapest(p, cheapest)] if cheapest is not None else []),
+            usd_cents(p.cost_per_useful_gpu_hour),
+            *(ratio(p.ratio_to_lower_bound.get(k)) for k in keys),
+            _wait(p.wait_s, lambda w: w.p50),
+            _wait(p.wait_s, lambda w: w.p95),
+            _wait(p.wait_s, lambda w: w.p99),
+            _jobs(p),
+        ]
+        for p in report.policies
+    ]
+    return _table(headers, rows, key="comparison-cost")
+
+
+def usage_table(report: Report) -> Table:
+    """Where each policy's GPU-hours went and what the cloud took back."""
+    headers = [
+        "Policy",
         "GPU-h useful",
         "GPU-h cloud paid",
         "GPU-h cloud idle",
@@ -183,30 +190,33 @@ def comparison_table(report: Report) -> Table:
         "Checkpoints",
         "On-prem util",
         "GPU-h on-prem allocated idle",
-        "Jobs finished/total",
     ]
     rows = [
         [
             _label(report, p),
-            _usd(p.cost),
-            _usd_cents(p.cost_per_useful_gpu_hour),
-            *(_ratio(p.ratio_to_lower_bound.get(k)) for k in keys),
-            _wait(p.wait_s, lambda w: w.p50),
-            _wait(p.wait_s, lambda w: w.p95),
-            _wait(p.wait_s, lambda w: w.p99),
-            _num(p.gpu_hours.useful, 1),
-            _num(p.gpu_hours.cloud_paid, 1),
-            _num(p.gpu_hours.cloud_idle, 1),
-            _num(p.gpu_hours.lost, 1),
-            _num(p.interruptions),
-            _num(p.checkpoints),
-            _pct(p.onprem_utilisation),
-            _num(p.gpu_hours.onprem_allocated_idle, 1),
-            _jobs(p),
+            num(p.gpu_hours.useful, 1),
+            num(p.gpu_hours.cloud_paid, 1),
+            num(p.gpu_hours.cloud_idle, 1),
+            num(p.gpu_hours.lost, 1),
+            num(p.interruptions),
+            num(p.checkpoints),
+            pct(p.onprem_utilisation),
+            num(p.gpu_hours.onprem_allocated_idle, 1),
         ]
         for p in report.policies
     ]
-    return _table(headers, rows)
+    return _table(headers, rows, key="comparison-usage")
+
+
+def comparison_tables(report: Report) -> tuple[Table, Table]:
+    """The comparison in two tables of at most ten columns each: one table of seventeen columns
+    did not fit a page and hid its right half behind a scroll bar."""
+    return cost_table(report), usage_table(report)
+
+
+def _comparison_blocks(report: Report) -> tuple[Block, ...]:
+    cost, usage = comparison_tables(report)
+    return (Sub("Cost and queue wait"), cost, Sub("GPU-hours and interruptions"), usage)
 
 
 def checkpoint_table(comparison: CheckpointComparison) -> Table:
@@ -221,11 +231,11 @@ def checkpoint_table(comparison: CheckpointComparison) -> Table:
     rows = [
         [
             f"{comparison.label}: {'with' if side.checkpoint_aware else 'without'}",
-            _num(side.gpu_hours_lost, 1),
-            _usd(side.cost),
-            _num(side.wait_p95_s),
-            _num(side.requeues),
-            _num(side.interruptions),
+            num(side.gpu_hours_lost, 1),
+            usd(side.cost),
+            num(side.wait_p95_s),
+            num(side.requeues),
+            num(side.interruptions),
         ]
         for side in (comparison.aware, comparison.unaware)
     ]
@@ -248,17 +258,17 @@ def _checkpoint_blocks(report: Report) -> tuple[Block, ...]:
 
 
 def _bound_cost(bound: LowerBoundResult) -> str:
-    return _usd(bound.cost) if bound.cost is not None else f"none ({bound.status})"
+    return usd(bound.cost) if bound.cost is not None else f"none ({bound.status})"
 
 
 def lower_bound_table(report: Report) -> Table:
     rows = [
         [
-            _secs(b.max_wait_s),
+            secs(b.max_wait_s),
             _bound_cost(b),
             b.method,
             b.status,
-            _secs(b.bin_s),
+            secs(b.bin_s),
             f"{b.solve_s:.1f} s",
             _left_out(b),
         ]
@@ -277,7 +287,7 @@ def _left_out(bound: LowerBoundResult) -> str:
 
 def _bound_line(bound: LowerBoundResult) -> str:
     return (
-        f"Lower bound W={_secs(bound.max_wait_s)}: {_bound_cost(bound)} "
+        f"Lower bound W={secs(bound.max_wait_s)}: {_bound_cost(bound)} "
         f"({bound.method}, {bound.status}, solved in {bound.solve_s:.1f} s; "
         f"left out: {_left_out(bound)})"
     )
@@ -303,13 +313,13 @@ def _window_facts(report: Report) -> tuple[str, ...]:
     return (
         f"Scenario file: {report.source}",
         f"Trace: {w.trace}",
-        f"Window: {w.days:g} days (trace time {_num(w.start_s)} s to {_num(w.end_s)} s); "
+        f"Window: {w.days:g} days (trace time {num(w.start_s)} s to {num(w.end_s)} s); "
         f"prices read as if starting {report.start}",
         f"Jobs: {w.jobs:,}, of which {w.carried_jobs:,} carried in already running; "
-        f"{_num(w.gpu_hours_submitted, 1)} GPU-hours submitted",
+        f"{num(w.gpu_hours_submitted, 1)} GPU-hours submitted",
         f"Skipped trace rows: {skipped_text}",
         f"Jobs no configured capacity can ever host (they stay pending): {_unhostable_text(w)}",
-        f"On-prem GPUs: {report.onprem_gpus:,}; wait target {_secs(report.wait_target_s)}; "
+        f"On-prem GPUs: {report.onprem_gpus:,}; wait target {secs(report.wait_target_s)}; "
         f"seed {report.seed}",
     )
 
@@ -332,10 +342,10 @@ def journal_facts(facts: JournalFacts) -> tuple[str, ...]:
         f"{rule}: {hours:,.2f} h" for rule, hours in sorted(facts.budget_capped_hours.items())
     )
     providers = ", ".join(
-        f"{name}: {_usd_cents(usd)}" for name, usd in sorted(facts.cost_by_provider.items())
+        f"{name}: {usd_cents(usd)}" for name, usd in sorted(facts.cost_by_provider.items())
     )
     return (
-        f"Cloud cost: {_usd_cents(sum(facts.cost_by_provider.values()))} "
+        f"Cloud cost: {usd_cents(sum(facts.cost_by_provider.values()))} "
         f"({providers or 'no cloud instance billed'})",
         f"Instances billed: {facts.instances_billed:,}; launched: "
         f"{facts.instances_launched:,}; terminated: {facts.instances_terminated:,}",
@@ -369,7 +379,7 @@ def _onprem_idle_fact(facts: JournalFacts) -> str:
 
 def journal_actions_table(facts: JournalFacts) -> Table:
     rows = [
-        [kind, outcome, _num(count)]
+        [kind, outcome, num(count)]
         for kind, outcomes in sorted(facts.actions.items())
         for outcome, count in sorted(outcomes.items())
     ]
@@ -402,13 +412,14 @@ def _assumptions(report: Report) -> Bullets | Para:
 
 
 def _pool_cost_table(policy: PolicyResult) -> Table:
-    paid = [c for c in policy.cost_by_pool if c.cost > 0]
+    # dearest first: the pools worth a look head the table
+    paid = sorted((c for c in policy.cost_by_pool if c.cost > 0), key=lambda c: (-c.cost, c.pool))
     rows = [
         [
             c.pool,
-            _usd(c.cost),
-            _num(c.instance_hours, 1),
-            _pct(c.cost / policy.cost) if policy.cost else DASH,
+            usd(c.cost),
+            num(c.instance_hours, 1),
+            pct(c.cost / policy.cost) if policy.cost else DASH,
         ]
         for c in paid
     ]
@@ -451,7 +462,7 @@ def gpu_hours_table(report: Report) -> Table:
             g.checkpointing,
             g.onprem_allocated_idle,
         )
-        rows.append([p.label, *(_num(v, 1) for v in values)])
+        rows.append([p.label, *(num(v, 1) for v in values)])
     return _table(headers, rows)
 
 
@@ -469,12 +480,12 @@ def activity_table(report: Report) -> Table:
     rows = [
         [
             p.label,
-            _num(p.instances_launched),
-            _num(p.capacity_failures),
-            _num(p.requeues),
-            _num(p.migrations),
-            _num(p.jobs_never_started),
-            _num(p.held_ticks),
+            num(p.instances_launched),
+            num(p.capacity_failures),
+            num(p.requeues),
+            num(p.migrations),
+            num(p.jobs_never_started),
+            num(p.held_ticks),
             _counts(p.clamps),
         ]
         for p in report.policies
@@ -504,7 +515,7 @@ def pools_table(report: Report) -> Table:
             r.market or DASH,
             r.interruptions,
             str(r.gpus),
-            _usd_cents(r.price_per_hour_at_start),
+            usd_cents(r.price_per_hour_at_start),
         ]
         for r in report.pools
     ]
@@ -516,8 +527,8 @@ def replay_table(report: Report) -> Table:
     rows = [
         [
             p.label,
-            _num(p.ticks),
-            _num(p.replay_wall_s, 2),
+            num(p.ticks),
+            num(p.replay_wall_s, 2),
             f"{p.tick_ms.p50:,.2f}",
             f"{p.tick_ms.p95:,.2f}",
             f"{p.tick_ms.max:,.2f}",
@@ -537,7 +548,7 @@ def _lead_sections(report: Report) -> list[Section]:
     return [
         Section("Window", (Bullets(_window_facts(report)),)),
         *journal,
-        Section("Comparison", (comparison_table(report),)),
+        Section("Comparison", _comparison_blocks(report)),
         Section("Lower bounds", _lower_bound_blocks(report)),
         Section("Findings", (_findings(report),)),
         Section("Checkpoint awareness", _checkpoint_blocks(report)),
@@ -610,7 +621,7 @@ def summary_markdown(report: Report) -> str:
     parts = [f"## {_md_text(_title(report))}"]
     if report.journal is not None:
         parts.append(_md_block(Bullets(journal_facts(report.journal))))
-    parts.append(_md_table(comparison_table(report)))
+    parts += [_md_table(t) for t in comparison_tables(report)]
     if report.lower_bounds:
         parts.append("\n".join(f"- {_bound_line(b)}" for b in report.lower_bounds))
     if report.checkpoint_comparison is not None:
@@ -618,179 +629,6 @@ def summary_markdown(report: Report) -> str:
     parts.append("Findings:\n\n" + _md_block(_findings(report)))
     parts.append("Assumptions:\n\n" + _md_block(_assumptions(report)))
     return "\n\n".join(parts) + "\n"
-
-
-# ---------------------------------------------------------------- plots (inline SVG)
-
-_COLORS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
-_BOUND_DASHES = ("--", ":", "-.")
-_PLOT_RC: dict[RcKeyType, Any] = {
-    "svg.fonttype": "path",
-    "svg.hashsalt": "hybrid-gpu-autoscaler-report",
-    "font.size": 9,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-}
-# Matplotlib stamps a date, its version and URLs into SVG metadata; none of it belongs in a
-# reproducible report, and dropping every key drops the metadata block altogether.
-_SVG_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
-_ID_REFERENCE = re.compile(r'(\bid="|href="#|url\(#)')
-
-
-def _color(index: int) -> str:
-    return _COLORS[index % len(_COLORS)]
-
-
-def _plain(text: str) -> str:
-    """Keep user text literal in a plot: ``$`` would start mathtext, a leading ``_`` hides a
-    legend entry."""
-    text = text.replace("$", r"\$")
-    return " " + text if text.startswith("_") else text
-
-
-def _days(series: Series) -> list[float]:
-    return [t / HOURS_PER_DAY for t in series.t_hours]
-
-
-@contextmanager
-def _plot_style() -> Iterator[None]:
-    """Styles are read when artists are made and when the SVG is written; both happen inside."""
-    with matplotlib.rc_context(_PLOT_RC):
-        yield
-
-
-def _svg(figure: Any, scope: str) -> str:
-    """The figure as an ``<svg>`` element to inline in HTML: no XML prolog or DOCTYPE, and every
-    id prefixed so that several figures in one page never share one."""
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata=_SVG_METADATA)
-    text = buffer.getvalue()
-    text = text[text.index("<svg") :]
-    return _ID_REFERENCE.sub(lambda m: f"{m.group(1)}{scope}-", text).strip()
-
-
-def _dollars_axis(ax: Any) -> None:
-    """One style for every tick: cents only when the whole axis spans less than $100."""
-
-    def tick(value: float, _pos: int | None) -> str:
-        cents = max(abs(v) for v in ax.get_ylim()) < 100
-        return f"${value:,.2f}" if cents else f"${value:,.0f}"
-
-    ax.yaxis.set_major_formatter(FuncFormatter(tick))
-
-
-def cost_svg(report: Report) -> str:
-    with _plot_style():
-        fig = Figure(figsize=(9, 4), layout="constrained")
-        ax = fig.add_subplot()
-        for i, p in enumerate(report.policies):
-            cost = p.timeline.cost
-            ax.plot(_days(cost), cost.values, color=_color(i), lw=1.5, label=_plain(p.label))
-        bounds = [(b, b.cost) for b in report.lower_bounds if b.cost is not None]
-        for j, (b, bound_cost) in enumerate(bounds):
-            ax.axhline(
-                bound_cost,
-                color="0.3",
-                lw=1,
-                ls=_BOUND_DASHES[j % len(_BOUND_DASHES)],
-                label=_plain(f"lower bound W={_secs(b.max_wait_s)} ({_usd(bound_cost)})"),
-            )
-        ax.set_xlabel("days since window start")
-        ax.set_ylabel("cumulative cloud cost")
-        ax.set_ylim(bottom=0)
-        ax.margins(x=0)
-        _dollars_axis(ax)
-        ax.legend(loc="upper left", fontsize=8)
-        return _svg(fig, "cost")
-
-
-_SUPPLY_LINES: tuple[tuple[str, str, Callable[[PolicyResult], Series]], ...] = (
-    ("pending GPUs", "#d62728", lambda p: p.timeline.pending_gpus),
-    ("running GPUs", "#222222", lambda p: p.timeline.running_gpus),
-    ("cloud GPUs", "#1f77b4", lambda p: p.timeline.cloud_gpus),
-    ("on-prem busy GPUs", "#2ca02c", lambda p: p.timeline.onprem_busy_gpus),
-)
-
-
-def _supply_panel(ax: Any, policy: PolicyResult, onprem_gpus: int) -> None:
-    for name, color, pick in _SUPPLY_LINES:
-        series = pick(policy)
-        ax.plot(_days(series), series.values, color=color, lw=1, label=name, ds="steps-post")
-    if onprem_gpus:
-        ax.axhline(onprem_gpus, color="#2ca02c", lw=0.8, ls=":", label="on-prem GPUs")
-    ax.set_title(_plain(policy.label), loc="left", fontsize=9)
-    ax.set_ylabel("GPUs")
-    ax.margins(x=0)
-
-
-def supply_svg(report: Report) -> str:
-    panels = max(1, len(report.policies))
-    with _plot_style():
-        fig = Figure(figsize=(9, 1.8 * panels + 0.9), layout="constrained")
-        axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
-        for ax, policy in zip(axes, report.policies, strict=False):
-            _supply_panel(ax, policy, report.onprem_gpus or 0)
-        axes[-1].set_xlabel("days since window start")
-        axes[0].set_ylim(bottom=0)
-        handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside upper center", ncols=5, fontsize=8)
-        return _svg(fig, "supply")
-
-
-def _wait_unit(values: Sequence[float]) -> tuple[str, float]:
-    """Seconds, minutes or hours, whichever keeps the axis numbers short."""
-    top = max(values, default=0.0)
-    if top >= 3 * 3600:
-        return "h", 3600.0
-    if top >= 3 * 60:
-        return "min", 60.0
-    return "s", 1.0
-
-
-def _hourly_steps(series: Series, scale: float) -> tuple[list[float], list[float]]:
-    """Each submission hour as its own flat segment, with a break over hours in which no job was
-    submitted: joining across the gap would claim waits for jobs that do not exist."""
-    xs: list[float] = []
-    ys: list[float] = []
-    for k, (hour, value) in enumerate(zip(series.t_hours, series.values, strict=True)):
-        if k and hour != series.t_hours[k - 1] + 1:
-            xs.append(math.nan)
-            ys.append(math.nan)
-        xs += [hour / HOURS_PER_DAY, (hour + 1) / HOURS_PER_DAY]
-        ys += [value / scale, value / scale]
-    return xs, ys
-
-
-def wait_svg(report: Report) -> str:
-    everything = [v for p in report.policies for v in p.timeline.wait_p95_by_hour.values]
-    target_s = report.wait_target_s or 0.0
-    unit, scale = _wait_unit([*everything, target_s])
-    with _plot_style():
-        fig = Figure(figsize=(9, 3.5), layout="constrained")
-        ax = fig.add_subplot()
-        for i, p in enumerate(report.policies):
-            xs, ys = _hourly_steps(p.timeline.wait_p95_by_hour, scale)
-            ax.plot(xs, ys, color=_color(i), lw=1.2, label=_plain(p.label))
-        if target_s > 0:
-            target = f"wait target {_secs(target_s)}"
-            ax.axhline(target_s / scale, color="0.3", lw=1, ls="--", label=target)
-        ax.set_xlabel("submission time, days since window start")
-        ax.set_ylabel(f"p95 queue wait ({unit})")
-        ax.set_ylim(bottom=0)
-        ax.margins(x=0)
-        ax.legend(loc="upper left", fontsize=8)
-        return _svg(fig, "wait")
 
 
 # ---------------------------------------------------------------- HTML
@@ -805,13 +643,16 @@ h3{font-size:1.05em;margin:1.2em 0 .4em}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;margin:.4em 0 1em;background:#fff}
 th,td{border:1px solid #ddd;padding:4px 8px;vertical-align:top}
-th{background:#f0f0f3;text-align:left;font-weight:600}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#f0f0f3;text-align:left;font-weight:600;vertical-align:bottom}
+th.num{text-align:right}
+th span{white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tbody tr:nth-child(even){background:#f7f7f9}
 figure{margin:1em 0 2em;background:#fff;border:1px solid #ddd;padding:8px}
-figure svg{display:block;max-width:100%;height:auto}
+figure svg{display:block;width:100%;height:auto}
 figcaption{color:#555;font-size:.92em;margin-top:4px}
 li{margin:.2em 0}
+@media (max-width:900px){body{font-size:13px}main{padding:16px 12px 32px}th,td{padding:3px 5px}}
 """.strip()
 
 
@@ -824,14 +665,25 @@ def _html_cell(tag: str, text: str, right: bool) -> str:
     return f"<{tag}{cls}>{_esc(text)}</{tag}>"
 
 
+def _html_header(text: str, right: bool) -> str:
+    """A header wraps between its words only: a narrow column must not read 'GPU-' over 'h'
+    (a hyphen is a place a line may break; a word holding one is kept whole)."""
+    cls = ' class="num"' if right else ""
+    words = " ".join(
+        f"<span>{_esc(word)}</span>" if "-" in word else _esc(word) for word in text.split()
+    )
+    return f"<th{cls}>{words}</th>"
+
+
 def _html_table(table: Table) -> str:
-    head = "".join(_html_cell("th", h, r) for h, r in zip(table.headers, table.right, strict=True))
+    head = "".join(_html_header(h, r) for h, r in zip(table.headers, table.right, strict=True))
     body = "\n".join(
         "<tr>" + "".join(_html_cell("td", c, r) for c, r in zip(row, table.right, strict=True))
         for row in table.rows
     )
+    name = f' data-table="{_esc(table.key)}"' if table.key else ""
     return (
-        f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n'
+        f'<div class="scroll"><table{name}>\n<thead><tr>{head}</tr></thead>\n'
         f"<tbody>\n{body}\n</tbody>\n</table></div>"
     )
 
@@ -854,28 +706,12 @@ def _html_of(section: Section) -> str:
     return _html_section(section.title, [_html_block(b) for b in section.blocks])
 
 
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>\n{svg}\n<figcaption>{_esc(caption)}</figcaption>\n</figure>"
+def _figure(plot: Plot) -> str:
+    return f"<figure>\n{plot.svg}\n<figcaption>{_esc(plot.caption)}</figcaption>\n</figure>"
 
 
 def _plots_section(report: Report) -> str:
-    figures = [
-        _figure(
-            cost_svg(report),
-            "Cumulative cloud cost per policy; dashed lines: the offline lower bound for each "
-            "maximum wait, at its total over the window.",
-        ),
-        _figure(
-            supply_svg(report),
-            "Demand and supply per policy: GPUs pending, GPUs running jobs, cloud GPUs paid for "
-            "and on-prem GPUs busy.",
-        ),
-        _figure(
-            wait_svg(report),
-            "p95 queue wait of the jobs submitted in each hour (carried-in jobs left out).",
-        ),
-    ]
-    return _html_section("Plots", figures)
+    return _html_section("Plots", [_figure(p) for p in plots(report)])
 
 
 def render_html(report: Report) -> str:
