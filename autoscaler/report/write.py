@@ -9,6 +9,8 @@ What leaves the process is checked first (``publishable``): a figure that is not
 (NaN, infinity, from a damaged journal or a degenerate scenario) stops the write with one line
 naming where it is, never ``$nan`` in a report; and every string is scrubbed of the secrets the
 process knows, in the model, before JSON or HTML escaping could hide one from a text search.
+Paths are shown relative to the package or the scenario, or by their file name: a report is
+shared, and an absolute path of the machine that wrote it means nothing to its reader.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autoscaler.model.errors import InputError
 from autoscaler.model.secrets import SECRETS, scrub_strings
 from autoscaler.report.model import Report
 from autoscaler.report.render import render_html, render_markdown
+from autoscaler.report.render_paths import with_shown_paths
 
 # mkstemp creates files only the owner can read; a report is meant to be shared and served.
 FILE_MODE = 0o644
@@ -107,11 +110,12 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
 
 
 def publishable(report: Report) -> Report:
-    """The report as it may leave the process: every figure finite, every string scrubbed.
-    A figure that is not a finite number is an ``InputError`` naming its place."""
+    """The report as it may leave the process: every figure finite, every string scrubbed, every
+    path shown as a reader can use it (``render_paths``), never as an absolute path of this
+    machine. A figure that is not a finite number is an ``InputError`` naming its place."""
     data = report.model_dump(mode="python")
     refuse_non_finite(data, report.source, "report")
-    return Report.model_validate(scrub_strings(data))
+    return with_shown_paths(Report.model_validate(scrub_strings(data)))
 
 
 def refuse_non_finite(data: Any, source: str, what: str) -> None:
