@@ -33,10 +33,12 @@ def peer_placement(
     """Where the peers' users put their jobs. None of the anchors knows which jobs checkpoint;
     their users say so by hand (a Karpenter NodePool restricted to on-demand that such pods select,
     SkyPilot ``use_spot: false``, a Slurm on-demand partition). On-prem GPUs come first (Slurm node
-    weights, a hybrid cluster's scheduler) and never move work to make room."""
+    weights, a hybrid cluster's scheduler) and never move work to make room. Being declared at
+    submission, a job's place is known on arrival: no tick has to judge it first."""
     return Placement(
         protect_uncheckpointable=keep_uncheckpointable_off_spot,
         protect_high_priority=keep_high_priority_off_spot,
+        judged_each_tick=False,
     )
 
 

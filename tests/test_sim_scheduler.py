@@ -70,7 +70,7 @@ class World:
                 allowed = placement.tiers(
                     job.trace.checkpoint_interval_s is not None, job.trace.high_priority
                 )
-                if not self.judged_at_start[job.seq]:
+                if not self.judged_at_start[job.seq] and placement.waits_for_judgement():
                     allowed = UNJUDGED_TIERS
                 assert node.kind in allowed, (job.trace.id, node.kind)
 
@@ -132,6 +132,24 @@ def test_a_job_submitted_since_the_last_placement_uses_spot_only_from_the_next_t
     late = s.submit(trace_job("late", interval=600.0), 20.0)
     s.schedule(20.0)
     assert late.node is not None and late.node.name == "od", "not spot, which comes first"
+    world.check()
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        Placement(protect_uncheckpointable=True, judged_each_tick=False),  # a peer's users
+        Placement(),  # nothing is kept off spot: nothing to judge
+    ],
+)
+def test_a_job_whose_place_needs_no_judgement_uses_spot_on_arrival(placement: Placement) -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("spot", 1, Capacity.SPOT, "p", 0.0)
+    world.tick(placement)
+    job = s.submit(trace_job("new", interval=600.0), 0.0)
+    s.schedule(0.0)
+    assert job.node is not None and job.node.name == "spot"
     world.check()
 
 

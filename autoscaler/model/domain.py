@@ -445,6 +445,19 @@ class Placement(Frozen):
     protect_high_priority: bool = False
     spot_safe_onprem: OnPremUse = OnPremUse.FIRST
     rebalance_onprem: bool = False
+    # Who says whether a job may use spot: the controller, judging each pending job every tick
+    # (Slurm's spot twin partitions: a job submitted since the last tick may use on-prem and
+    # on-demand nodes only until the next tick judges it), or the job's own submission (a
+    # peer's users pick an on-demand NodePool or partition by hand, so a job is placed on
+    # arrival). The simulator's scheduler follows it.
+    judged_each_tick: bool = True
+
+    def waits_for_judgement(self) -> bool:
+        """Whether a job submitted since the last tick stays off spot until the next one: only
+        when the controller judges jobs and some jobs are kept off spot."""
+        return self.judged_each_tick and (
+            self.protect_uncheckpointable or self.protect_high_priority
+        )
 
     def allows_spot(self, checkpointable: bool, high_priority: bool) -> bool:
         if self.protect_uncheckpointable and not checkpointable:

@@ -5,9 +5,9 @@ Jobs start in submission order; a job that fits nowhere does not hold back later
 the autoscaler is for). A job runs on one node, or, asking for several, on that many distinct
 nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only on GPUs of
 a model it accepts. Within the tiers a placement rule allows, the nodes that fit most tightly
-win; a job submitted since the controller last applied a placement may use on-prem and on-demand
-nodes only, until the next placement judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions
-do live). Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
+win; where the controller judges jobs (``Placement.waits_for_judgement``), a job submitted since
+it last applied a placement may use on-prem and on-demand nodes only, until the next placement
+judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions do live). Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
 its last finished checkpoint and goes back to the queue in its original order. Any member of a
 multi-node job going away stops the whole job, which is requeued whole, as Slurm requeues it.
 
@@ -485,7 +485,11 @@ class SimScheduler:
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
-        if self._judged_below is not None and job.seq >= self._judged_below:
+        if (
+            self._judged_below is not None
+            and job.seq >= self._judged_below
+            and self.placement.waits_for_judgement()
+        ):
             return UNJUDGED_TIERS
         return self.placement.tiers(
             job.trace.checkpoint_interval_s is not None, job.trace.high_priority
