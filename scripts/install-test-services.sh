@@ -11,10 +11,12 @@ for command in slurmctld slurmd squeue munged redis-server prometheus podman bui
     command -v "$command" >/dev/null 2>&1 || missing="$missing $command"
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing initdb"
+# headless Chromium renders the HTML report in tests/test_report_chromium.py
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus postgresql podman buildah runc debootstrap)" >&2
+    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus postgresql podman buildah runc debootstrap chromium)" >&2
     exit 1
 fi
 echo "install-test-services: installing Slurm, munge, Redis, Prometheus, PostgreSQL and podman from Debian's packages"
@@ -23,7 +25,8 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge redis-server redis-tools prometheus \
     postgresql postgresql-client \
-    podman buildah runc fuse-overlayfs slirp4netns uidmap debootstrap >/dev/null
+    podman buildah runc fuse-overlayfs slirp4netns uidmap debootstrap \
+    chromium >/dev/null
 # Debian's packages start their services where an init system runs; the tests want none running.
 for service in slurmctld slurmd munge redis-server prometheus postgresql; do
     service "$service" stop >/dev/null 2>&1 || true
