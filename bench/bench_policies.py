@@ -4,7 +4,8 @@ Runs the suite file (default: the shipped ``autoscaler/data/scenarios/suite.yaml
 ``gpu-autoscaler report --suite`` does, and prints the same table with each replay's wall time
 beside it, then the wall time per policy summed over the scenarios. Each scenario's replay of one
 policy is meant to stay under about 60 s on the 2-core dev machine; the figures show whether it
-does. Nothing is asserted.
+does. Nothing is asserted. While a replay or a bound runs, stderr shows its progress (a bar on a
+terminal, a line every ~10 s in a log; ``--no-progress`` for none).
 
     .venv/bin/python bench/bench_policies.py                      # the whole suite (~20 min)
     .venv/bin/python bench/bench_policies.py --scenario synthetic-bursty --no-lower-bound
@@ -54,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-lower-bound", action="store_true")
     parser.add_argument("--out", type=Path, help="also write suite.json and suite.md here")
     parser.add_argument("--json", type=Path, help="write the suite's figures here as JSON")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (by default a bar on a terminal, else a line every ~10 s)",
+    )
     args = parser.parse_args(argv)
     try:
         loaded = load_suite(args.suite, only_policies=args.policy)
@@ -67,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded,
         lower_bound=not args.no_lower_bound,
         progress=lambda line: print(line, flush=True),
+        show_progress=not args.no_progress,
     )
     print()
     print(render_markdown(report, show_wall=True))

@@ -53,7 +53,12 @@ def add(commands: Subcommands) -> None:
             action="store_true",
             help="skip replaying the default policy with checkpoint awareness flipped",
         )
-        report.add_argument("--no-progress", action="store_true", help="no progress bar")
+        report.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="no progress: by default a bar on a terminal, else one line on stderr every "
+            "GPU_AUTOSCALER_PROGRESS_INTERVAL_S seconds (default 10) and one as each step ends",
+        )
         report.add_argument(
             "--journal",
             type=Path,
@@ -111,8 +116,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
-    from tqdm import tqdm
-
+    from autoscaler.model.progress import Progress
     from autoscaler.report.build import DEFAULT_POLICY, build_report
     from autoscaler.report.render import summary_markdown
     from autoscaler.report.write import write_report
@@ -135,7 +139,9 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
                 field="policies",
             )
         specs = [(i, s) for i, s in specs if s.name in wanted or s.title in wanted]
-    prepared = prepare(loaded)
+    show = not args.no_progress
+    with Progress(f"reading scenario {loaded.scenario.name}", enabled=show):
+        prepared = prepare(loaded)
     loaded.check_replay_length(prepared.horizon_s)
     unhostable = check_hostable(prepared)
     if unhostable.jobs:
@@ -144,36 +150,38 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
             "replay and the lower bound leaves them out.",
             file=sys.stderr,
         )
-    results = []
-    for index, spec in specs:
-        with tqdm(
-            total=round(prepared.horizon_s / 3600),
-            unit="h",
-            desc=f"replay {spec.title}",
-            disable=True if args.no_progress else None,
-            leave=False,
-        ) as bar:
-
-            def progress(t: float, bar: tqdm = bar) -> None:  # type: ignore[type-arg]
-                bar.update(round(t / 3600) - bar.n)
-
-            results.append(simulate(prepared, spec, index, progress))
-    flipped = None
     compared = next(
         ((i, s) for i, s in specs if s.name == DEFAULT_POLICY), specs[0] if specs else None
     )
-    if compared is not None and not args.no_checkpoint_comparison:
+    compare = compared is not None and not args.no_checkpoint_comparison
+    bound = not args.no_lower_bound and scenario.lower_bound.enabled
+    steps = len(specs) + compare + bound  # numbered, so a log says how much is left
+    hours = prepared.horizon_s / 3600
+    results = []
+    for step, (index, spec) in enumerate(specs, start=1):
+        desc = f"[{step}/{steps}] replay {spec.title}"
+        with Progress(desc, hours, "h", enabled=show) as bar:
+            results.append(simulate(prepared, spec, index, lambda t: bar.update_to(t / 3600)))
+    flipped = None
+    if compared is not None and compare:
         index, spec = compared
-        flipped = simulate(
-            prepared,
-            spec,
-            index,
-            checkpoint_aware=not scenario.controller.interruptions.checkpoint_aware,
+        aware = not scenario.controller.interruptions.checkpoint_aware
+        desc = (
+            f"[{len(specs) + 1}/{steps}] replay {spec.title} "
+            f"{'with' if aware else 'without'} checkpoint awareness"
         )
+        with Progress(desc, hours, "h", enabled=show) as bar:
+            flipped = simulate(
+                prepared,
+                spec,
+                index,
+                lambda t: bar.update_to(t / 3600),
+                checkpoint_aware=aware,
+            )
     bounds = (
-        []
-        if args.no_lower_bound or not scenario.lower_bound.enabled
-        else compute_lower_bounds(prepared)
+        compute_lower_bounds(prepared, progress=show, label=f"[{steps}/{steps}] lower bound")
+        if bound
+        else []
     )
     report = build_report(prepared, results, bounds, flipped)
     where = _non_finite(report.model_dump())

@@ -36,9 +36,9 @@ from pydantic import Field, NonNegativeFloat
 from autoscaler.model import Frozen
 from autoscaler.model.errors import InputError
 from autoscaler.model.inputfile import LocatedDocument, read_yaml, validate_document
+from autoscaler.model.progress import Progress
 from autoscaler.report.build import DEFAULT_POLICY, policy_result
 from autoscaler.report.model import PolicyResult
-from autoscaler.report.write import check_out_dir, refuse_non_finite, write_files
 from autoscaler.sim.engine import Prepared, prepare, simulate
 from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, load_scenario
@@ -420,8 +420,12 @@ def run_suite(
     *,
     lower_bound: bool = True,
     progress: Callable[[str], None] | None = None,
+    show_progress: bool = False,
 ) -> SuiteReport:
-    """Replay every scenario with its policies; the suite's medians over the results."""
+    """Replay every scenario with its policies; the suite's medians over the results.
+
+    ``progress`` gets a line as each step ends; ``show_progress`` shows each step while it runs
+    (a bar on a terminal, a line every ~10 s in a log: ``autoscaler.model.progress``)."""
     from autoscaler.sim.lowerbound import compute_lower_bounds
 
     say = progress or (lambda _line: None)
@@ -434,7 +438,8 @@ def run_suite(
     ):
         name = scenario.scenario.name
         began = time.perf_counter()
-        with scenario.locating():
+        desc = f"[{number}/{total}] reading scenario {name}"
+        with scenario.locating(), Progress(desc, enabled=show_progress):
             prepared = prepare(scenario)
         scenario.check_replay_length(prepared.horizon_s)
         prepare_s = time.perf_counter() - began
@@ -444,9 +449,12 @@ def run_suite(
         )
         replays = []
         cpu_s = []
+        hours = prepared.horizon_s / 3600
         for index, spec in specs:
             cpu = time.process_time()
-            replay = simulate(prepared, spec, index)
+            desc = f"[{number}/{total}] {name}: replay {spec.title}"
+            with Progress(desc, hours, "h", enabled=show_progress) as bar:
+                replay = simulate(prepared, spec, index, lambda t: bar.update_to(t / 3600))
             cpu_s.append(time.process_time() - cpu)
             replays.append(replay)
             say(f"    {spec.title}: replayed in {replay.wall_s:.1f} s ({cpu_s[-1]:.1f} s CPU)")
@@ -454,7 +462,12 @@ def run_suite(
         if lower_bound and scenario.scenario.lower_bound.enabled:
             began = time.perf_counter()
             bound = _bound_at_target(
-                compute_lower_bounds(prepared), scenario.scenario.wait_target_s
+                compute_lower_bounds(
+                    prepared,
+                    progress=show_progress,
+                    label=f"[{number}/{total}] {name}: lower bound",
+                ),
+                scenario.scenario.wait_target_s,
             )
             say(f"    lower bound: {time.perf_counter() - began:.1f} s")
         bounds = [bound] if bound is not None else []
@@ -682,6 +695,10 @@ def render_markdown(report: SuiteReport, show_wall: bool = False) -> str:
 def write_suite(report: SuiteReport, out_dir: Path) -> list[Path]:
     """suite.json and suite.md, each renamed into place only once fully written, and only
     when every figure is a finite number."""
+    # report.write brings the HTML report's matplotlib: imported here, not with the module, so
+    # that validate can read a suite file on an install without the report extra.
+    from autoscaler.report.write import refuse_non_finite, write_files
+
     refuse_non_finite(report.model_dump(mode="python"), report.source, "suite report")
     return write_files(
         out_dir,
@@ -709,13 +726,18 @@ def run_suite_command(args: argparse.Namespace) -> int:
     if given:
         raise InputError("--suite", f"{', '.join(given)} cannot be combined with --suite")
     loaded = load_suite(args.suite, only_policies=args.policy)
+    from autoscaler.report.write import check_out_dir
+
     check_out_dir(args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     report = run_suite(
-        loaded, lower_bound=not args.no_lower_bound, progress=None if args.no_progress else progress
+        loaded,
+        lower_bound=not args.no_lower_bound,
+        progress=None if args.no_progress else progress,
+        show_progress=not args.no_progress,
     )
     written = write_suite(report, args.out)
     print(render_markdown(report))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscaler.model.progress import Progress, duration
 from autoscaler.sim.engine import Prepared
 from autoscaler.sim.lowerbound_classes import (
     BoundClass,
@@ -123,22 +124,33 @@ def lower_bound(
     return bound(problem, max_wait_s, bin_s, block_bins=block_bins)
 
 
-def compute_lower_bounds(prepared: Prepared) -> list[LowerBoundResult]:
-    """The bounds the report shows: no wait at all, and the scenario's wait target."""
+def compute_lower_bounds(
+    prepared: Prepared, *, progress: bool = False, label: str = "lower bound"
+) -> list[LowerBoundResult]:
+    """The bounds the report shows: no wait at all, and the scenario's wait target.
+
+    ``progress`` shows the steps under ``label`` (one linear program can solve for minutes: a
+    log still gets a line every ~10 s, see ``autoscaler.model.progress``)."""
     scenario = prepared.loaded.scenario
-    started = time.perf_counter()
-    problem = build_problem(
-        prepared.selection.jobs,
-        scenario.onprem,
-        scenario.controller.pools,
-        prepared.markets,
-        prepared.horizon_s,
-    )
-    setup_s = time.perf_counter() - started
-    bin_s = scenario.lower_bound.bin_seconds
     waits = [0.0]
     if scenario.wait_target_s > 0:
         waits.append(scenario.wait_target_s)
-    results = [bound(problem, w, bin_s) for w in waits]
+    bin_s = scenario.lower_bound.bin_seconds
+    with Progress(label, len(waits), "bounds", enabled=progress) as shown:
+        shown.note("building the shape classes and their prices")
+        started = time.perf_counter()
+        problem = build_problem(
+            prepared.selection.jobs,
+            scenario.onprem,
+            scenario.controller.pools,
+            prepared.markets,
+            prepared.horizon_s,
+        )
+        setup_s = time.perf_counter() - started
+        results = []
+        for wait in waits:
+            shown.note(f"solving for a maximum wait of {duration(wait)}")
+            results.append(bound(problem, wait, bin_s))
+            shown.advance()
     # Building the classes and their prices is shared; each result carries its share of it.
     return [r.model_copy(update={"solve_s": r.solve_s + setup_s / len(results)}) for r in results]
