@@ -14,10 +14,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from autoscaler.cli import agent, plan, policies, report, run, validate
+from autoscaler.cli import agent, plan, policies, report, run, trace, validate
 from autoscaler.model.exits import EXIT_BAD_INPUT, run_command
 
-COMMANDS = (validate, policies, run, plan, agent, report)
+COMMANDS = (validate, policies, run, plan, agent, report, trace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from autoscaler.model.records import TickReport
 from autoscaler.ops.journal import Journal
 from autoscaler.ops.metrics import Metrics
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
+from autoscaler.sim.demand_series import load_series
 from autoscaler.sim.market import AvailabilityFile, PriceBook
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, PoolMarket, Scenario
 from autoscaler.sim.scheduler import SimJob, SimScheduler
@@ -130,6 +131,15 @@ class SimResult:
 
 def prepare(loaded: LoadedScenario) -> Prepared:
     scenario = loaded.scenario
+    if scenario.trace.series is not None:
+        selection = load_series(
+            loaded.path(scenario.trace.series.file),
+            scenario.trace,
+            scenario.checkpointing,
+            scenario.high_priority,
+            scenario.seed,
+        )
+        return Prepared(loaded, selection, build_markets(loaded))
     selection = load_trace(
         trace_path(loaded),
         scenario.trace,

@@ -43,6 +43,7 @@ from autoscaler.model.inputfile import (
     validate_document,
     validate_settings,
 )
+from autoscaler.sim.demand_spec import DemandSeriesSpec
 from autoscaler.sim.synthetic import SyntheticTraceSpec
 
 DAY = 86_400.0
@@ -116,11 +117,13 @@ class CheckpointRule(Frozen):
 
 
 class TraceSpec(Frozen):
-    """Where the jobs come from (a trace ``file``, or a ``synthetic`` trace generated from a
-    seed, see autoscaler/sim/synthetic.py) and which window of it to replay."""
+    """Where the jobs come from (a trace ``file``, a ``synthetic`` trace generated from a
+    seed, see autoscaler/sim/synthetic.py, or a demand ``series`` whose jobs are inferred, see
+    autoscaler/sim/demand_series.py) and which window of it to replay."""
 
     file: Text | None = None
     synthetic: SyntheticTraceSpec | None = None
+    series: DemandSeriesSpec | None = None
     busiest_days: float | None = Field(None, gt=0, le=MAX_WINDOW_S / DAY)
     window_start_s: NonNegativeFloat | None = None
     window_end_s: PositiveFloat | None = None
@@ -138,9 +141,10 @@ class TraceSpec(Frozen):
 
     @model_validator(mode="after")
     def _one_source(self) -> TraceSpec:
-        if (self.file is None) == (self.synthetic is None):
+        if [self.file, self.synthetic, self.series].count(None) != 2:
             raise ValueError(
-                "give exactly one of file (a trace CSV) and synthetic (a generated trace)"
+                "give exactly one of file (a trace CSV), synthetic (a generated trace) and "
+                "series (a demand series CSV)"
             )
         return self
 
