@@ -13,10 +13,14 @@ done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing initdb"
 # headless Chromium renders the HTML report in tests/test_report_chromium.py
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+# slurmdbd on MariaDB keeps Slurm's accounting for sacct (tests/test_trace_import_slurm.py)
+for command in slurmdbd mariadbd mariadb; do
+    command -v "$command" >/dev/null 2>&1 || missing="$missing $command"
+done
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus postgresql podman buildah runc debootstrap chromium)" >&2
+    echo "install-test-services: missing$missing; run as root (or install slurmctld slurmd slurm-client munge redis-server prometheus postgresql podman buildah runc debootstrap chromium slurmdbd mariadb-server)" >&2
     exit 1
 fi
 echo "install-test-services: installing Slurm, munge, Redis, Prometheus, PostgreSQL and podman from Debian's packages"
@@ -26,8 +30,9 @@ apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge redis-server redis-tools prometheus \
     postgresql postgresql-client \
     podman buildah runc fuse-overlayfs slirp4netns uidmap debootstrap \
-    chromium >/dev/null
+    chromium \
+    slurmdbd mariadb-server >/dev/null
 # Debian's packages start their services where an init system runs; the tests want none running.
-for service in slurmctld slurmd munge redis-server prometheus postgresql; do
+for service in slurmctld slurmd munge redis-server prometheus postgresql slurmdbd mariadb; do
     service "$service" stop >/dev/null 2>&1 || true
 done
