@@ -12,8 +12,10 @@
 * List and terminate by the fleet label only: a VM without it is invisible to us.
 * The core's tags are stored as labels (``label_value`` is reversible), and what a listing or a
   launch saw of each VM (its pool and zone) is kept for notices and terminate.
-* A pool's ``user_data`` (its own, or the scheduler's join script) is the VM's ``startup-script``
-  metadata, which the guest environment of Google's images runs at every boot.
+* A pool's ``user_data`` (its own, or the scheduler's join script) or its ``startup_script``
+  option (one of the two) is the VM's ``startup-script`` metadata, which the guest environment
+  of Google's images runs at every boot; the ``metadata`` option's items follow it, and the
+  ``service_account`` option is the VM's service account with its scopes.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from autoscaler.spi.provider import (
 )
 from providers.gcp.errors import operation_error, typed
 from providers.gcp.sdk import ComputeClients, is_conflict, is_done, is_not_found
-from providers.gcp.settings import STARTUP_SCRIPT, GcpPoolOptions, GcpSettings
+from providers.gcp.settings import GcpPoolOptions, GcpSettings, boot_metadata
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +247,10 @@ class GcpInstances:
         self._pool_by_label = {label_value(name): name for name in pools}
         # By pool name: the pools a launch is handed are the controller's, and it is the
         # provider's own (as the assembly built it) that carry the user data.
-        self.user_data = {name: p.user_data for name, p in pools.items() if p.user_data}
+        self.metadata = {
+            name: boot_metadata(pool.user_data, options[name], index)
+            for index, (name, pool) in enumerate(pools.items())
+        }
         self.seen: dict[str, Seen] = {}
         self.preempted: dict[str, str] = {}
 
@@ -524,10 +529,13 @@ class GcpInstances:
             ],
             "network_interfaces": [interface],
         }
-        if pool.name in self.user_data:
-            resource["metadata"] = {
-                "items": [{"key": STARTUP_SCRIPT, "value": self.user_data[pool.name]}]
-            }
+        if self.metadata.get(pool.name):
+            resource["metadata"] = {"items": self.metadata[pool.name]}
+        if options.service_account is not None:
+            account = options.service_account
+            resource["service_accounts"] = [
+                {"email": account.email, "scopes": list(account.scopes)}
+            ]
         if options.accelerator_type:
             resource["guest_accelerators"] = [
                 {
