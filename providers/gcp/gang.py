@@ -170,8 +170,9 @@ class GcpGangs:
         ]
         if accelerators:
             properties["guest_accelerators"] = accelerators
-        if "metadata" in vm:
-            properties["metadata"] = vm["metadata"]
+        for key in ("metadata", "service_accounts"):  # the boot script, the VM's identity
+            if key in vm:
+                properties[key] = vm[key]
         if policy is not None:
             properties["resource_policies"] = [policy]
         return properties
