@@ -11,7 +11,7 @@ CHECKOV_VERSION := 3.3.30
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,report]'
 	touch $(STAMP)
 
 ## Replay the shipped Alibaba trace through the default policy and the baselines; write

@@ -85,6 +85,9 @@ def add(commands: Subcommands) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from autoscaler.model.extras import require_report_extra
+
+    require_report_extra("gpu-autoscaler report")
     if args.suite is not None:
         from autoscaler.report.suite import run_suite_command
 

@@ -53,17 +53,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-import numpy.typing as npt
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from autoscaler.model import Frozen
 from autoscaler.model.errors import InputError
+from autoscaler.model.extras import REPORT_INSTALL
 
 if TYPE_CHECKING:
+    # numpy is the report extra's: imported where a trace is generated, so that loading a
+    # scenario (validate, the sim provider) works on a lean install.
+    import numpy as np
+    import numpy.typing as npt
+
     from autoscaler.sim.scenario import LoadedScenario
 
-FloatArray = npt.NDArray[np.float64]
+    FloatArray = npt.NDArray[np.float64]
 
 COLUMNS = (
     "job_id",
@@ -184,6 +188,8 @@ FAMILIES: dict[str, FamilyParams] = {
 
 def arrival_rate(t: FloatArray, arrivals: Arrivals) -> FloatArray:
     """Relative arrival rate at trace seconds ``t`` (day 0 is a Monday)."""
+    import numpy as np
+
     hour = (t % DAY) / 3600.0
     diurnal = 1.0 + arrivals.diurnal_amplitude * np.cos(2.0 * math.pi * (hour - PEAK_HOUR) / 24.0)
     weekday = (t // DAY) % 7
@@ -197,6 +203,8 @@ def _thinned(
 ) -> FloatArray:
     """``jobs`` arrival times of the non-homogeneous Poisson process, given that many arrived:
     independent draws from the rate's density (by thinning), unsorted."""
+    import numpy as np
+
     peak = 1.0 + arrivals.diurnal_amplitude
     kept: list[FloatArray] = [np.empty(0)]
     have = 0
@@ -214,6 +222,8 @@ def _bursts(
     rng: np.random.Generator, arrivals: Arrivals, jobs: int, horizon_s: float
 ) -> FloatArray:
     """Arrivals packed into bursts at Poisson times, sized by Pareto weights (heavy-tailed)."""
+    import numpy as np
+
     length = min(arrivals.burst_minutes * 60.0, horizon_s)
     count = max(1, int(rng.poisson(arrivals.bursts_per_day * horizon_s / DAY)))
     starts = rng.uniform(0.0, horizon_s - length, size=count)
@@ -230,6 +240,8 @@ def arrival_times(
     rng: np.random.Generator, arrivals: Arrivals, jobs: int, horizon_s: float
 ) -> FloatArray:
     """Sorted arrival times of ``jobs`` jobs in [0, horizon_s)."""
+    import numpy as np
+
     bursty = round(jobs * arrivals.burst_share)
     times = _thinned(rng, arrivals, jobs - bursty, horizon_s)
     if bursty:
@@ -240,6 +252,13 @@ def arrival_times(
 
 def generate(spec: SyntheticTraceSpec) -> list[dict[str, str]]:
     """The trace's rows, in submission order."""
+    try:
+        import numpy as np
+    except ImportError as exc:
+        raise InputError(
+            "trace.synthetic", f"generating a synthetic trace needs numpy: {REPORT_INSTALL}"
+        ) from exc
+
     params = FAMILIES[spec.family]
     jobs = spec.jobs
     rng = np.random.default_rng(spec.seed)
@@ -308,6 +327,8 @@ def generate(spec: SyntheticTraceSpec) -> list[dict[str, str]]:
 
 
 def _zipf_shares(n: int) -> FloatArray:
+    import numpy as np
+
     weights: FloatArray = 1.0 / np.arange(1, n + 1)
     shares: FloatArray = weights / weights.sum()
     return shares
