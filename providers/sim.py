@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
@@ -33,6 +33,11 @@ from autoscaler.spi.provider import LaunchResult
 
 
 class SimProvider:
+    # what ``providers.sim`` and a pool's ``options`` hold (``gpu-autoscaler schema``); set
+    # below, where the models are
+    Settings: ClassVar[type[BaseModel]]
+    PoolOptions: ClassVar[type[BaseModel]]
+
     def __init__(self, cloud: SimCloud, provider: str, clock: Clock) -> None:
         self.name = provider
         self.cloud = cloud
@@ -107,6 +112,10 @@ class SimPoolOptions(BaseModel):
 
     price_per_hour: NonNegativeFloat | None = None
     on_demand_price_per_hour: NonNegativeFloat | None = None
+
+
+SimProvider.Settings = SimSettings
+SimProvider.PoolOptions = SimPoolOptions
 
 
 @dataclass

@@ -318,6 +318,8 @@ def demand_from_samples(
 
 
 class PrometheusQueueSource:
+    Settings = PrometheusQueueSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(self, settings: PrometheusQueueSettings, name: str) -> None:
         self.settings = settings
         self.name = name
@@ -356,6 +358,8 @@ class PrometheusTelemetrySource:
     """GPU readings from Prometheus. A reading's time is when it was scraped (``timestamp()`` of
     the query, evaluated at the same instant), not when we asked, so a tick that sees the same
     scrape twice does not mistake it for a new reading."""
+
+    Settings = PrometheusTelemetrySettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
 
     def __init__(self, settings: PrometheusTelemetrySettings, name: str) -> None:
         self.settings = settings

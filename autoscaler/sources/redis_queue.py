@@ -100,6 +100,8 @@ class RedisQueueSettings(ShapeSettings):
 
 
 class RedisQueueSource:
+    Settings = RedisQueueSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(self, settings: RedisQueueSettings, name: str) -> None:
         self.settings = settings
         self.name = name

@@ -87,6 +87,8 @@ class Target:
 
 
 class ScrapeTelemetrySource:
+    Settings = ScrapeSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(self, settings: ScrapeSettings, name: str, clock: Clock | None = None) -> None:
         self.settings = settings
         self.name = name

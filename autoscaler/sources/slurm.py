@@ -255,6 +255,8 @@ class SlurmAdapter:
     scheduler (``running_jobs``, ``signal``, ``requeue``) and mover of jobs off on-prem nodes
     (``move_off``)."""
 
+    Settings = SlurmSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(self, settings: SlurmSettings, name: str = "slurm") -> None:
         self.settings = settings
         self.name = name

@@ -77,6 +77,8 @@ class StaticQueueSettings(BaseModel):
 
 
 class StaticQueueSource:
+    Settings = StaticQueueSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(self, settings: StaticQueueSettings, name: str) -> None:
         self.settings = settings
         self.name = name

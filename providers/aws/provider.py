@@ -52,6 +52,9 @@ from providers.aws.settings import (
 
 
 class AwsProvider:
+    # what ``providers.aws`` and a pool's ``options`` hold (``gpu-autoscaler schema``)
+    Settings = AwsSettings
+    PoolOptions = AwsPoolOptions
     name = "aws"
 
     def __init__(

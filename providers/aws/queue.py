@@ -63,6 +63,8 @@ class SqsSourceSettings(ShapeSettings):
 
 
 class SqsQueueSource:
+    Settings = SqsSourceSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
     def __init__(
         self, settings: SqsSourceSettings, name: str, clock: Clock | None = None, client: Any = None
     ) -> None:

@@ -36,6 +36,9 @@ from providers.azure.settings import AzurePoolOptions, AzureSettings, custom_dat
 
 
 class AzureProvider:
+    # what ``providers.azure`` and a pool's ``options`` hold (``gpu-autoscaler schema``)
+    Settings = AzureSettings
+    PoolOptions = AzurePoolOptions
     name = "azure"
 
     def __init__(

@@ -35,6 +35,9 @@ from providers.gcp.settings import GcpPoolOptions, GcpSettings, user_data_proble
 
 
 class GcpProvider:
+    # what ``providers.gcp`` and a pool's ``options`` hold (``gpu-autoscaler schema``)
+    Settings = GcpSettings
+    PoolOptions = GcpPoolOptions
     name = "gcp"
 
     def __init__(
