@@ -15,6 +15,8 @@ import copy
 import csv
 import io
 import json
+import subprocess
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -332,3 +334,22 @@ def test_sacct_to_report_the_imported_trace_replays(tmp_path: Path) -> None:
     for policy in report["policies"]:
         assert policy["jobs_total"] == 9
         assert policy["jobs_finished"] >= 8  # the censored job may still run at the end
+
+
+def test_importing_needs_no_numpy_scipy_or_matplotlib(tmp_path: Path) -> None:
+    """The lean install (no [report] extra) imports a site's history."""
+    code = (
+        "import sys\n"
+        "for name in ('numpy', 'scipy', 'matplotlib'): sys.modules[name] = None\n"
+        "from autoscaler.cli import main\n"
+        "sys.exit(main(['trace', 'import', 'sacct', sys.argv[1], '--out', sys.argv[2]]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(JSON), str(tmp_path / "t.csv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(read_csv(tmp_path / "t.csv")) == 9

@@ -157,14 +157,18 @@ def _sacct(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_series(samples: list[tuple[float, float, float]], args: argparse.Namespace) -> int:
+def _report_series(
+    samples: list[tuple[float, float, float]], source: Path, args: argparse.Namespace
+) -> int:
+    """Check the series as a replay would, print the jobs it stands for, write it. ``source``
+    is the input named by an error about the whole series."""
     from autoscaler.sim.demand_series import check_span, infer
     from autoscaler.sim.importers.outfile import write_series
 
     if not 1 <= args.job_gpus <= 65_536:
         raise InputError("--job-gpus", f"expected 1 to 65,536 GPUs, got {args.job_gpus}")
-    check_span(samples, str(args.out))
-    inference = infer(samples, args.job_gpus, str(args.out))
+    check_span(samples, str(source))
+    inference = infer(samples, args.job_gpus, str(source))
     write_series(samples, args.out)
     for line in inference.lines():
         print(line)
@@ -181,11 +185,11 @@ def _prometheus(args: argparse.Namespace) -> int:
     samples, filled = demand_from_answers(read_answer(args.pending), read_answer(args.running))
     if filled:
         print(f"{filled:,} missing points inside a series took its previous value")
-    return _report_series(samples, args)
+    return _report_series(samples, args.running, args)
 
 
 def _csv(args: argparse.Namespace) -> int:
     from autoscaler.sim.importers.series_csv import read_demand_csv
 
     samples = read_demand_csv(args.file, args.time_column, args.pending_column, args.running_column)
-    return _report_series(samples, args)
+    return _report_series(samples, args.file, args)

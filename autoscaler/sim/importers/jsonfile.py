@@ -43,8 +43,13 @@ class JsonDocument:
         self.data = data
 
     def where(self, loc: Loc) -> str:
-        line = line_of(self.text, loc)
-        return f"{self.source}:{line}" if line is not None else self.source
+        """``file:line`` of the value at ``loc``, or of its nearest enclosing value that the
+        file holds (a missing field is named on its object's line)."""
+        for cut in range(len(loc), -1, -1):
+            line = line_of(self.text, loc[:cut])
+            if line is not None:
+                return f"{self.source}:{line}"
+        return self.source
 
     def error(self, loc: Loc, message: str) -> InputError:
         return InputError(self.where(loc), message, field=dotted(loc) if loc else None)
@@ -89,10 +94,11 @@ def decode(path: Path, what: str, shape: Any = Any) -> JsonDocument:
         raise document.error(loc, f"{_lower(reason)} (expected {what})") from None
     except msgspec.DecodeError as exc:
         found = _BYTE.search(str(exc))
-        where = source
         if found:
             offset = len(text.encode("utf-8")[: int(found.group(1))].decode("utf-8", "ignore"))
-            where = f"{source}:{text.count(chr(10), 0, offset) + 1}"
+        else:  # "truncated": the text ended inside a value
+            offset = len(text.rstrip())
+        where = f"{source}:{text.count(chr(10), 0, offset) + 1}"
         raise InputError(where, f"not valid JSON ({_reason(str(exc))}); expected {what}") from None
     except RecursionError:
         raise InputError(source, f"nested too deeply to be {what}") from None
