@@ -294,3 +294,17 @@ def test_answers_over_different_ranges_are_refused(tmp_path: Path) -> None:
     run = cli("trace", "import", "prometheus", "--pending", pending, "--running", running,
               "--out", tmp_path / "s.csv")  # fmt: skip
     assert run.rc == 2 and "share no time range" in run.err
+
+
+def test_a_series_elsewhere_is_shown_by_its_name_with_the_whole_statement(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "exports" / "prometheus"
+    elsewhere.mkdir(parents=True)
+    series_file = write_series(elsewhere / "series.csv", [0, 1, 0], [1, 1, 2])
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    path = tiny_scenario(folder, f"{{series: {{file: {series_file}}}}}")
+    prepared = prepare(load_scenario(path))
+    assert prepared.selection.notes == tuple(infer(series([0, 1, 0], [1, 1, 2])).lines())
+    trace = replay_report(path, tmp_path / "report")["window"]["trace"]
+    assert trace.startswith("series.csv (demand series, replayed as 2 inferred jobs")
+    assert trace.endswith("see trace-import.md in the docs)")

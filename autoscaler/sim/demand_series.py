@@ -118,7 +118,8 @@ class Inference:
         ]
 
     def summary(self) -> str:
-        """One line for the report's trace line."""
+        """One line for the report's trace line; without a slash, so that the report's path
+        shortening (``autoscaler.report.render_paths``) keeps it whole after the file name."""
         error = self.running_error
         return (
             f"demand series, replayed as {len(self.jobs):,} inferred jobs of {self.job_gpus} "
@@ -127,7 +128,7 @@ class Inference:
             + (f" ({error:+.2%})" if error is not None else "")
             + f"; {self.left_unseen:,} left the queue unseen running and "
             f"{self.pending_at_end:,} pending at the end are not replayed; job sizes and "
-            "durations are assumed (docs/trace-import.md)"
+            "durations are assumed, see trace-import.md in the docs"
         )
 
 
@@ -319,4 +320,6 @@ def load_series(
         )
         if value
     }
-    return TraceSelection(f"{path} ({inference.summary()})", jobs, start, end, skipped)
+    return TraceSelection(
+        f"{path} ({inference.summary()})", jobs, start, end, skipped, tuple(inference.lines())
+    )

@@ -67,6 +67,7 @@ class TraceSelection:
     window_start_s: float
     window_end_s: float
     skipped: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what a report should say of how the jobs were made
 
     @property
     def horizon_s(self) -> float:
