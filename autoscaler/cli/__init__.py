@@ -1,7 +1,7 @@
 """``gpu-autoscaler``: run, plan and check a hybrid GPU fleet, and report what it would cost.
 
-Commands: validate a config, list installed policies, run the controller, plan, run the node
-agent, write a dry-run cost report.
+Commands: validate a config, export its JSON Schema, list installed policies, run the
+controller, plan, run the node agent, write a dry-run cost report.
 
 Bad input ends in one line on stderr that names the file, line or field, and exit status 2;
 never a traceback (``--debug`` shows one for bugs). Each command is its own module here, with an
@@ -14,10 +14,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from autoscaler.cli import agent, plan, policies, report, run, trace, validate
+from autoscaler.cli import agent, plan, policies, report, run, schema, trace, validate
 from autoscaler.model.exits import EXIT_BAD_INPUT, run_command
 
-COMMANDS = (validate, policies, run, plan, agent, report, trace)
+COMMANDS = (validate, schema, policies, run, plan, agent, report, trace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
