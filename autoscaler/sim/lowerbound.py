@@ -12,11 +12,13 @@ The shape classes and prices live in ``lowerbound_classes``, the numbers in ``lo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from autoscaler.model.progress import Progress, duration
 from autoscaler.sim.engine import Prepared
@@ -29,7 +31,9 @@ from autoscaler.sim.lowerbound_classes import (
 from autoscaler.sim.lowerbound_lp import (
     CLOSED_FORM,
     DEFAULT_MAX_PAUSE_VARIABLES,
+    HOUR,
     LINEAR_PROGRAM,
+    bin_edges,
     solve,
 )
 from autoscaler.sim.lowerbound_result import LowerBoundResult
@@ -48,6 +52,10 @@ __all__ = [
     "lower_bound",
     "problem_of",
 ]
+
+
+# The report samples its time series to at most this many points; a bound's accrual too.
+MAX_ACCRUAL_POINTS = 1500
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,24 @@ def problem_of(
     )
 
 
+def accrual(
+    spend_by_bin: npt.NDArray[np.float64], edges: npt.NDArray[np.float64]
+) -> tuple[list[float], list[float]]:
+    """(hours, cumulative $) at the bins' ends, thinned to ``MAX_ACCRUAL_POINTS`` keeping the last
+    bin, so the curve ends at the total. A cumulative sum of purchases never falls, and neither
+    does any subset of its points or their rounding."""
+    if len(spend_by_bin) == 0:
+        return [], []
+    hours = edges[1:] / HOUR
+    spent = np.cumsum(spend_by_bin)
+    step = max(1, math.ceil(len(hours) / MAX_ACCRUAL_POINTS))
+    picked = np.arange(len(hours) - 1, -1, -step)[::-1]
+    return (
+        [round(float(h), 6) for h in hours[picked]],
+        [round(float(c), 6) for c in spent[picked]],
+    )
+
+
 def bound(
     problem: BoundProblem,
     max_wait_s: float,
@@ -85,9 +111,11 @@ def bound(
     max_pause_variables: int = DEFAULT_MAX_PAUSE_VARIABLES,
     block_bins: int | None = None,
 ) -> LowerBoundResult:
-    """The bound for one maximum wait, with what it left out and how it was solved."""
+    """The bound for one maximum wait, with what it left out, how it was solved and how one
+    cheapest schedule the solver found spends over the window (``accrual_*``)."""
     started = time.perf_counter()
     solution = solve(problem, max_wait_s, bin_s, max_pause_variables, block_bins)
+    hours, spent = accrual(solution.spend_by_bin, bin_edges(problem.horizon_s, bin_s))
     return LowerBoundResult(
         max_wait_s=max_wait_s,
         cost=solution.cost,
@@ -101,6 +129,8 @@ def bound(
         onprem_groups=len(problem.onprem_gpus),
         block_bins=solution.block_bins,
         pause_variables=solution.variables,
+        accrual_t_hours=hours,
+        accrual_cost=spent,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -48,9 +48,13 @@ _STATUS = {
 
 @dataclass(frozen=True)
 class Solution:
-    """A bound and how it was reached. ``lp_cost`` is the LP's optimum (the pooled one where
-    ``block_bins`` > 1) and ``dual_cost`` the exact dual function at its dual prices, where
-    computed; ``cost`` is the larger, both being bounds."""
+    """A bound and how it was reached. ``lp_cost`` is the optimum of the closed form or the LP
+    (the pooled one where ``block_bins`` > 1) and ``dual_cost`` the exact dual function at its
+    dual prices, where computed; ``cost`` is the larger, both being bounds.
+
+    ``spend_by_bin`` is what the schedule behind ``lp_cost`` buys in each bin: it adds up to
+    ``lp_cost``, not to a dual that raised ``cost`` above it, and it is one cheapest schedule
+    among possibly many, not a bound at every moment. Empty where there is no solution."""
 
     cost: float | None
     status: str
@@ -59,6 +63,7 @@ class Solution:
     variables: int
     lp_cost: float | None = None
     dual_cost: float | None = None
+    spend_by_bin: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def bin_edges(horizon_s: float, bin_s: float) -> FloatArray:
@@ -168,11 +173,11 @@ def hot_bins(
 
 def closed_form(
     energy: FloatArray, prices: FloatArray, problem: BoundProblem, widths: FloatArray
-) -> tuple[float | None, str]:
+) -> tuple[float | None, str, FloatArray]:
     """W = 0 with at most one on-prem group: in each bin on-prem goes to the dearest classes first.
 
     With a single shared resource and linear costs this greedy allocation is optimal (a
-    fractional knapsack per bin), so no solver is needed.
+    fractional knapsack per bin), so no solver is needed. Also returns what it buys in each bin.
     """
     usable = np.array([0 in cl.onprem for cl in problem.classes], dtype=bool)
     onprem = (problem.onprem_gpus[0] if problem.onprem_gpus else 0.0) * widths / HOUR
@@ -187,8 +192,10 @@ def closed_form(
     excess = hours - covered
     bought = excess > 1e-12
     if np.any(np.isinf(prices[bought])):
-        return None, "infeasible"
-    return float(np.sum(prices[bought] * excess[bought])), "optimal"
+        return None, "infeasible", np.zeros(0)
+    # Zero first, then multiply: a closed cell (price inf) with nothing bought spends 0, not nan.
+    spend = (np.where(bought, prices, 0.0) * np.where(bought, excess, 0.0)).sum(axis=0)
+    return float(np.sum(prices[bought] * excess[bought])), "optimal", spend
 
 
 @dataclass(frozen=True)
@@ -464,6 +471,7 @@ class _LpResult:
     value: float | None
     status: str
     prices: FloatArray  # the load rows' dual prices λ per active cell ($ per GPU-hour)
+    spend_by_bin: FloatArray  # what the optimum buys in each bin ($); empty without one
 
 
 def _allocation_lp(
@@ -537,9 +545,14 @@ def _allocation_lp(
     result = linprog(objective, A_ub=matrix, b_ub=b_ub, bounds=bounds, method="highs")
     status = _STATUS.get(int(result.status), f"HiGHS status {result.status}")
     if result.status != 0:
-        return _LpResult(None, status, np.zeros(ncells))
+        return _LpResult(None, status, np.zeros(ncells), np.zeros(0))
     duals = -np.asarray(result.ineqlin.marginals, dtype=np.float64)[load_row]
-    return _LpResult(max(float(result.fun), 0.0), status, duals)
+    # A purchase HiGHS leaves a hair below its bound of 0 is no refund.
+    bought = np.maximum(np.asarray(result.x, dtype=np.float64)[x], 0.0)
+    spend = np.bincount(
+        cells.bin, weights=np.where(closed, 0.0, cell_price) * bought, minlength=nbins
+    ).astype(np.float64)
+    return _LpResult(max(float(result.fun), 0.0), status, duals, spend)
 
 
 def _pause_value(win: _Windows, lam: FloatArray, edges: FloatArray, widths: FloatArray) -> float:
@@ -635,6 +648,7 @@ def solve(
     """
     edges = bin_edges(problem.horizon_s, bin_s)
     widths = np.diff(edges)
+    nothing = np.zeros(len(widths))  # where no cell is at stake, nothing is bought anywhere
     nclasses = len(problem.classes)
     prices = np.array([bin_minimum(cl.price, edges) for cl in problem.classes]).reshape(
         nclasses, len(widths)
@@ -644,20 +658,28 @@ def solve(
         end = np.minimum(problem.submit + problem.duration, problem.horizon_s)
         load = class_energy(edges, start, end, problem.gpus, problem.cls, nclasses)
         if len(problem.onprem_gpus) <= 1:
-            cost, status = closed_form(load, prices, problem, widths)
-            return Solution(cost, status, CLOSED_FORM, 1, 0)
+            cost, status, spend = closed_form(load, prices, problem, widths)
+            return Solution(cost, status, CLOSED_FORM, 1, 0, cost, spend_by_bin=spend)
         hot = hot_bins(load, prices, problem, widths)
         cells = _Cells.of(hot[None, :] & (load > 0) & (prices > 0))
         if len(cells.cls) == 0:
-            return Solution(0.0, "optimal", LINEAR_PROGRAM, 1, 0, 0.0)
+            return Solution(0.0, "optimal", LINEAR_PROGRAM, 1, 0, 0.0, spend_by_bin=nothing)
         result = _allocation_lp(problem, cells, load, prices, widths, None)
-        return Solution(result.value, result.status, LINEAR_PROGRAM, 1, 0, result.value)
+        return Solution(
+            result.value,
+            result.status,
+            LINEAR_PROGRAM,
+            1,
+            0,
+            result.value,
+            spend_by_bin=result.spend_by_bin,
+        )
     win = _windows(problem, edges, max(max_wait_s, 0.0))
     load = class_energy(edges, win.start, edges[win.ke + 1], win.gpus, win.cls, nclasses)
     active = hot_bins(load, prices, problem, widths)[None, :] & (load > 0) & (prices > 0)
     cells = _Cells.of(active)
     if len(cells.cls) == 0:
-        return Solution(0.0, "optimal", LINEAR_PROGRAM, 1, 0, 0.0, 0.0)
+        return Solution(0.0, "optimal", LINEAR_PROGRAM, 1, 0, 0.0, 0.0, nothing)
     block = block_bins or choose_block(win, cells, max_pause_variables)
     if block == 1:
         pauses = _exact_pauses(win, cells, edges, widths)
@@ -670,9 +692,12 @@ def solve(
     if result.value is None:
         # The pooled LP is a relaxation: where it has no solution, neither has the exact one.
         return Solution(None, result.status, method, block, count)
+    spend = result.spend_by_bin
     if block == 1 and not with_dual:
-        return Solution(result.value, result.status, method, block, count, result.value)
+        return Solution(
+            result.value, result.status, method, block, count, result.value, spend_by_bin=spend
+        )
     dual = dual_bound(problem, win, cells, load, prices, edges, result.prices)
     return Solution(
-        max(result.value, dual), result.status, method, block, count, result.value, dual
+        max(result.value, dual), result.status, method, block, count, result.value, dual, spend
     )

@@ -32,3 +32,15 @@ class LowerBoundResult(Frozen):
         "blocks of this many bins (a relaxation that keeps the LP small)",
     )
     pause_variables: int | None = None
+    accrual_t_hours: list[float] = Field(
+        default_factory=list,
+        description="ends of the bins (hours since the window start) at which accrual_cost is "
+        "sampled; at most a few thousand points, the last bin always kept",
+    )
+    accrual_cost: list[float] = Field(
+        default_factory=list,
+        description="what one cheapest schedule the closed form or the LP found has spent by "
+        "each of accrual_t_hours: a curve ending at that optimum, not a bound at every moment; "
+        "below cost where the exact dual raised the bound above a pooled LP's optimum; empty "
+        "where there is none",
+    )
