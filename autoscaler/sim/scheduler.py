@@ -1,15 +1,16 @@
 """The simulator's workload scheduler: FIFO with backfill over on-prem and cloud nodes.
 
-Jobs start in submission order; a job that fits nowhere does not hold back later jobs that do fit
-(backfill without reservations, as Kubernetes' scheduler does — a job that never fits is what
-the autoscaler is for). A job runs on one node, or, asking for several, on that many distinct
-nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only on GPUs of
-a model it accepts. Within the tiers a placement rule allows, the nodes that fit most tightly
-win; where the controller judges jobs (``Placement.waits_for_judgement``), a job submitted since
-it last applied a placement may use on-prem and on-demand nodes only, until the next placement
-judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions do live). Each running job checkpoints on its own schedule; an interrupted job keeps the work up to
-its last finished checkpoint and goes back to the queue in its original order. Any member of a
-multi-node job going away stops the whole job, which is requeued whole, as Slurm requeues it.
+Jobs start in submission order; a job that fits nowhere does not hold back later jobs that do
+fit (backfill without reservations, as Kubernetes' scheduler does — a job that never fits is
+what the autoscaler is for). A job runs on one node, or, asking for several, on that many
+distinct nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only
+on GPUs of a model it accepts. Within the tiers a placement rule allows, the nodes that fit most
+tightly win; where the controller judges jobs (``Placement.waits_for_judgement``), a job
+submitted since it last applied a placement may use on-prem and on-demand nodes only, until the
+next placement judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions do live). Each running
+job checkpoints on its own schedule; an interrupted job keeps the work up to its last finished
+checkpoint and goes back to the queue in its original order. Any member of a multi-node job
+going away stops the whole job, which is requeued whole, as Slurm requeues it.
 
 The same object is the controller's queue source, node source and scheduler adapter in a dry
 run, so the controller reads and drives it through exactly the interfaces a real Slurm gets:

@@ -2,12 +2,13 @@
 
 The controller owns the state that must outlive a tick (``FleetMemory``: the instance table,
 capacity cache, interruption history and cool-downs, what observe carries over, the checkpoint
-ledger, the plan in force, what the journal last billed) and wires the steps together; each lives in its own module. Decisions come from the policy's plan and the
-controller's own rules (``autoscaler.tick.rules``), the guard alone grants them, act carries out
-the intents and reports what happened as typed updates, which ``FleetMemory.apply`` writes. A
-policy that raises, or returns a plan the guard rejects, holds the fleet as it is for that tick
-and says why; interruption notices and drains already under way are still handled, because
-they are not the policy's to decide.
+ledger, the plan in force, what the journal last billed) and wires the steps together; each
+lives in its own module. Decisions come from the policy's plan and the controller's own rules
+(``autoscaler.tick.rules``), the guard alone grants them, act carries out the intents and
+reports what happened as typed updates, which ``FleetMemory.apply`` writes. A policy that
+raises, or returns a plan the guard rejects, holds the fleet as it is for that tick and says
+why; interruption notices and drains already under way are still handled, because they are not
+the policy's to decide.
 
 Under a leader lock the controller acts only under its fencing token (``token``, checked by
 ``fence`` before act and before each cloud call); with a journal, every cloud call is written
