@@ -131,11 +131,15 @@ def _tres(reader: Reader | None) -> Gpus | None:
         return None
     entries: list[tuple[str, str]] = []
     for item in reader.items():
-        kind = _text(item.get("type")) if item.optional("type") is not None else ""
+        kind = item.value.get("type") if isinstance(item.value, dict) else None
+        if isinstance(kind, str) and kind != "gres":
+            entries.append((kind, "0"))  # something was allocated, not a GPU (cpu, mem...)
+            continue
+        kind = _text(item.get("type"))
         name = _text(item.optional("name"))
         count = _number(item.optional("count"), maximum=2**63)
-        if kind != "gres" or not (name == "gpu" or name.startswith("gpu:")):
-            entries.append((kind or "?", "0"))  # something was allocated, not a GPU
+        if not (name == "gpu" or name.startswith("gpu:")):
+            entries.append((kind, "0"))
             continue
         entries.append((f"gres/{name}", str(int(count or 0))))
     return gpus_from_tres(entries, reader.error)
