@@ -353,3 +353,24 @@ def test_importing_needs_no_numpy_scipy_or_matplotlib(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(read_csv(tmp_path / "t.csv")) == 9
+
+
+def test_local_sacct_times_are_read_in_the_zone_given(tmp_path: Path) -> None:
+    source = tmp_path / "sacct.txt"
+    source.write_text(
+        _text(
+            [
+                HEADER,
+                "1|COMPLETED|2024-07-01T12:00:00|2024-07-01T12:00:30|Unknown|60|"
+                "gres/gpu=1|gres/gpu=1|1|a|c",
+            ]
+        )
+    )
+    run = cli("trace", "import", "sacct", source, "--out", tmp_path / "t.csv",
+              "--timezone", "Europe/Berlin")  # fmt: skip
+    assert run.rc == 0, run.err
+    assert "trace time 0 is 2024-07-01T10:00:00Z" in run.out  # CEST is UTC+2
+    run = cli("trace", "import", "sacct", source, "--out", tmp_path / "t.csv",
+              "--timezone", "Mars/Olympus")  # fmt: skip
+    assert (run.rc, run.err) == (2, "error: --timezone: unknown time zone 'Mars/Olympus'; give "
+                                    "an IANA name\n")  # fmt: skip
