@@ -15,6 +15,7 @@ daemon is stopped by its pid file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -44,19 +45,21 @@ PARKED = "parked"
 
 @dataclass(frozen=True)
 class Accounting:
-    """The cluster and the pid files of its database and slurmdbd."""
+    """The cluster, the pid files of its database and slurmdbd, and the database's process
+    (this process started it, so it reaps it)."""
 
     cluster: SlurmCluster
     database_pid: Path
     slurmdbd_pid: Path
+    database: list[subprocess.Popen[bytes]]
 
 
-def _start_mariadb(root: Path) -> tuple[int, Path]:
+def _start_mariadb(root: Path, started: list[subprocess.Popen[bytes]]) -> int:
     data = root / "mariadb"
     data.mkdir()
     port = free_port()
-    pid_file = root / "mariadbd.pid"
-    subprocess.Popen(
+    pid_file = root / "mariadbd.pid"  # stopped by it, as every daemon here
+    process = subprocess.Popen(
         [
             "mariadbd",
             "--no-defaults",
@@ -78,6 +81,7 @@ def _start_mariadb(root: Path) -> tuple[int, Path]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    started.append(process)
 
     def ready() -> bool:
         done = subprocess.run(
@@ -89,7 +93,7 @@ def _start_mariadb(root: Path) -> tuple[int, Path]:
         return done.returncode == 0
 
     wait_for("MariaDB to take connections", ready, START_TIMEOUT_S)
-    return port, pid_file
+    return port
 
 
 def _dbd_conf(root: Path, munge_socket: Path, database_port: int, dbd_port: int) -> str:
@@ -146,10 +150,10 @@ def start_accounting(root: Path) -> Accounting:
         cloud_feature="gpu-autoscaler",
         gpu_dir=gpu_dir,
     )
-    accounting = Accounting(cluster, root / "mariadbd.pid", root / "slurmdbd.pid")
+    accounting = Accounting(cluster, root / "mariadbd.pid", root / "slurmdbd.pid", [])
     try:
         munge_socket = _start_munge(munge_dir)
-        database_port, _ = _start_mariadb(root)
+        database_port = _start_mariadb(root, accounting.database)
         dbd_port = free_port()
         dbd_conf = root / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
         dbd_conf.write_text(_dbd_conf(root, munge_socket, database_port, dbd_port))
@@ -191,6 +195,11 @@ def stop_accounting(accounting: Accounting) -> None:
     stop_slurm_cluster(accounting.cluster)
     stop_pid_files([accounting.slurmdbd_pid])
     stop_pid_files([accounting.database_pid])
+    for process in accounting.database:
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
     shutil.rmtree(accounting.cluster.root / "mariadb", ignore_errors=True)
 
 
