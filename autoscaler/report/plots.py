@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import ConnectionPatch
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import offset_copy
 
@@ -32,6 +33,7 @@ from autoscaler.report.render_format import (
     signed_usd,
     usd,
 )
+from autoscaler.sim.lowerbound_result import LowerBoundResult
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -120,30 +122,135 @@ def _window_end_days(report: Report) -> float:
     return max(ends) / HOURS_PER_DAY if ends else report.window.days
 
 
-def _bound_markers(ax: Any, report: Report) -> int:
-    """Each bound's total as a marker at the window's end: the bound is one number for the whole
-    window, and drawing it as a line over time would claim an accrual nobody computed."""
+_BOUND_DASHES = ("--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
+# Two bounds of nearly one value draw nearly one curve: each its own grey, dashes and marker.
+_BOUND_INKS = ("0.1", "0.5", "0.3", "0.65")
+# A curve that ends further below its marker than this share of the bound is called out.
+_SHORT_SHARE = 1e-6
+
+
+@dataclass(frozen=True)
+class _BoundsDrawn:
+    """What the bounds added to the cost plot, for its caption."""
+
+    markers: int
+    curves: int
+    short: tuple[str, ...]
+    """'W=600 s ($0.17)' for each curve that ends below its marker (a dual raised the bound)."""
+
+
+def _bound_curve(
+    ax: Any, bound: LowerBoundResult, end: float, beside: Any, style: Any, ink: str
+) -> bool:
+    """The spending of one cheapest schedule the bound's closed form or LP found, dashed from the
+    window's start to the bound's marker. False where the bound carries no curve (infeasible, or
+    a report written before bounds had one)."""
+    if bound.cost is None or not bound.accrual_cost:
+        return False
+    days = [0.0, *(t / HOURS_PER_DAY for t in bound.accrual_t_hours)]
+    spent = [0.0, *bound.accrual_cost]
+    ax.plot(days, spent, color=ink, lw=1.1, ls=style, zorder=4)
+    # The marker sits a few points past the end so that two bounds of nearly one value stay
+    # apart: a short join in the same style carries the curve to it.
+    join = ConnectionPatch(
+        (days[-1], spent[-1]),
+        (end, bound.cost),
+        coordsA=ax.transData,
+        coordsB=beside,
+        color=ink,
+        lw=1.1,
+        ls=style,
+        clip_on=False,
+        zorder=4,
+    )
+    ax.add_artist(join)
+    return True
+
+
+def _bound_label(bound: LowerBoundResult, curve: bool) -> str:
+    assert bound.cost is not None
+    text = f"lower bound W={secs(bound.max_wait_s)}: {usd(bound.cost)}"
+    return plain(text + (" (dashed: one cheapest LP schedule)" if curve else " (total)"))
+
+
+def _bound_marks(ax: Any, report: Report) -> _BoundsDrawn:
+    """Each bound's total as a marker just past the window's end and, where the bound carries
+    it, the spending of one cheapest schedule its LP found as a dashed curve ending there. The
+    bound is one number for the whole window: the curve shows one way of reaching the LP's
+    optimum, not a bound at every moment."""
     end = _window_end_days(report)
-    drawn = 0
-    for j, bound in enumerate(b for b in report.lower_bounds if b.cost is not None):
+    curves = 0
+    short: list[str] = []
+    drawn = [b for b in report.lower_bounds if b.cost is not None]
+    for j, bound in enumerate(drawn):
+        assert bound.cost is not None
         # side by side just past the end, so that two bounds of nearly one value stay apart
         beside = offset_copy(ax.transData, fig=ax.figure, x=4 + 10 * j, units="points")
+        style = _BOUND_DASHES[j % len(_BOUND_DASHES)]
+        marker = _BOUND_MARKERS[j % len(_BOUND_MARKERS)]
+        ink = _BOUND_INKS[j % len(_BOUND_INKS)]
+        curve = _bound_curve(ax, bound, end, beside, style, ink)
         ax.plot(
             [end],
             [bound.cost],
             transform=beside,
             ls="none",
-            marker=_BOUND_MARKERS[j % len(_BOUND_MARKERS)],
+            marker=marker,
             ms=7,
             mfc="white",
-            mec="0.15",
+            mec=ink,
             mew=1.4,
             clip_on=False,
             zorder=5,
-            label=plain(f"lower bound W={secs(bound.max_wait_s)}: {usd(bound.cost)} (total)"),
         )
-        drawn += 1
-    return drawn
+        # The legend's entry: an empty line in the curve's dashes with the marker on it.
+        ax.plot(
+            [],
+            [],
+            color=ink,
+            lw=1.1 if curve else 0,
+            ls=style if curve else "none",
+            marker=marker,
+            ms=7,
+            mfc="white",
+            mec=ink,
+            mew=1.4,
+            label=_bound_label(bound, curve),
+        )
+        if curve:
+            curves += 1
+            gap = bound.cost - bound.accrual_cost[-1]
+            if gap > _SHORT_SHARE * max(bound.cost, 1.0):
+                short.append(f"W={secs(bound.max_wait_s)} ({usd(gap)})")
+    return _BoundsDrawn(len(drawn), curves, tuple(short))
+
+
+def _bounds_caption(drawn: _BoundsDrawn) -> str:
+    if not drawn.markers:
+        return ""
+    text = (
+        " Open markers just past the window's end: the offline lower bound for each maximum "
+        "wait, one total for the whole window (compare it with where each curve ends)."
+    )
+    if drawn.curves:
+        text += (
+            " The dashed curve ending at a marker is the spending of one cheapest schedule found "
+            "while computing that bound, one of possibly many: it is not a bound at every "
+            "moment, and a policy may lie below it for a while and still end above the marker."
+        )
+    if drawn.short:
+        text += (
+            " Where the exact dual raised the bound above the pooled linear program's optimum, "
+            "that schedule costs less than the bound and its curve ends below the marker: "
+            + ", ".join(drawn.short)
+            + "."
+        )
+    if drawn.curves < drawn.markers:
+        text += (
+            " A bound with no curve (a report written before bounds kept one) is shown as an "
+            "end point only, not as a curve over time."
+        )
+    return text
 
 
 def cost_plot(report: Report) -> Plot:
@@ -154,7 +261,7 @@ def cost_plot(report: Report) -> Plot:
             cost = p.timeline.cost
             label = plain(f"{p.label}: {usd(p.cost)}")
             ax.plot(_days(cost), cost.values, color=_color(i), lw=1.5, label=label)
-        markers = _bound_markers(ax, report)
+        bounds = _bound_marks(ax, report)
         ax.set_xlabel("days since window start")
         ax.set_ylabel("cumulative cloud cost")
         ax.set_ylim(bottom=0)
@@ -162,13 +269,7 @@ def cost_plot(report: Report) -> Plot:
         _dollars_axis(ax)
         ax.legend(loc="upper left", fontsize=8)
         svg = _svg(fig, "cost")
-    caption = "Cumulative cloud cost per policy over the window."
-    if markers:
-        caption += (
-            " Open markers at the window's end: the offline lower bound for each maximum wait. "
-            "The bound is computed as one total for the whole window, so it is shown as an end "
-            "point (compare it with where each curve ends), not as a curve over time."
-        )
+    caption = "Cumulative cloud cost per policy over the window." + _bounds_caption(bounds)
     return Plot(svg, caption)
 
 
