@@ -162,6 +162,39 @@ def test_nothing_moves_without_cloud_room_when_the_job_fits_already_or_for_a_job
     assert rebalance_onprem.moves(view_of(busy, [(spot, 0)], [group(2, "p")]), off, on) == []
 
 
+def test_cloud_room_found_for_moved_jobs_is_held_from_the_policy_and_from_later_moves() -> None:
+    """The spot room a move counts on is the moved job's until it has moved: the policy sees
+    it as taken (it would otherwise plan other pending work onto it and buy too little), and a
+    later tick's move does not count on it again while the first is still under way."""
+    spot = cloud_pool("spot", "spot", 2, None)
+    nodes = [
+        OnPremNode(name="gpu-a", gpus=2, gpus_allocated=2),
+        OnPremNode(name="gpu-b", gpus=2, gpus_allocated=2),
+    ]
+    jobs = {
+        "gpu-a": [onprem_job("a1", "gpu-a", 1, 10.0), onprem_job("a2", "gpu-a", 1, 20.0)],
+        "gpu-b": [onprem_job("b1", "gpu-b", 1, 30.0), onprem_job("b2", "gpu-b", 1, 40.0)],
+    }
+    waiting_work = group(1, "w", checkpoint=True, submitted=50.0)
+    view = view_of(nodes, [(spot, 0)], [group(2, "p", submitted=1.0), waiting_work])
+    (move,) = rebalance_onprem.moves(view, REBALANCE, OnPremJobs(jobs))
+    assert sorted(move.room) == [("a1", "i-0", 1), ("a2", "i-0", 1)]
+    shown = rebalance_onprem.view_for_policy(view, OnPremJobs(jobs), [move])
+    assert [n.gpus_allocated for n in shown.instances] == [2], "the room is taken"
+    assert shown.demand.groups == (waiting_work,)
+    # the next tick, the move is still waiting on its checkpoints: its room stays held
+    under_way = OnPremJobs(
+        jobs,
+        moving=frozenset({"a1", "a2"}),
+        making_room_for=frozenset({"p"}),
+        reserved={"i-0": 2},
+    )
+    second = view_of(nodes, [(spot, 0)], [group(2, "p", submitted=1.0), group(2, "q")])
+    assert rebalance_onprem.moves(second, REBALANCE, under_way) == [], "no room left for q"
+    shown = rebalance_onprem.view_for_policy(second, under_way, [])
+    assert [n.gpus_allocated for n in shown.instances] == [2]
+
+
 def test_moves_under_way_and_holds_are_not_asked_again() -> None:
     spot = cloud_pool("spot", "spot", 4, None)
     nodes = [OnPremNode(name="gpu-a", gpus=1, gpus_allocated=1)]
@@ -358,15 +391,19 @@ def test_a_job_moved_for_room_checkpoints_first_and_is_moved_off_when_it_reports
     silent = running("silent", "gpu-a", gpus=1, started_at=0.0)
     fake.failing_signal.add("gone")
     gone = running("gone", "gpu-a", gpus=1, started_at=0.0)
-    asked = evacuator.make_room("gpu-a", [saving, silent, gone], "p", 1_000.0)
+    room = {"saving": ("i-0", 1), "silent": ("i-1", 1), "gone": ("i-1", 1)}
+    asked = evacuator.make_room("gpu-a", [saving, silent, gone], "p", 1_000.0, room)
     assert sorted((m.job_id, m.move) for m in asked) == [
         ("gone", Move.FAILED),
         ("saving", Move.CHECKPOINT_ASKED),
         ("silent", Move.CHECKPOINT_ASKED),
     ]
     assert evacuator.making_room_for() == {"p"} and evacuator.waiting() == {"saving", "silent"}
+    # the cloud room each waiting job will move to is held for it until it has moved
+    assert evacuator.reserved() == {"i-0": 1, "i-1": 1}
     ledger.record(CheckpointReport("saving", 1_015.0, 15.0, "gpu-a"))
     done = evacuator.progress(1_015.0)
+    assert evacuator.reserved() == {"i-1": 1}
     assert [(m.job_id, m.move) for m in done] == [("saving", Move.MOVED_OFF)]
     assert done[0].lost_gpu_s == 0.0 and fake.moved == [("saving", "gpu-a", "p")]
     # no report: moved once its expected checkpoint (20 s) and the margin (10 s) are over
@@ -374,7 +411,7 @@ def test_a_job_moved_for_room_checkpoints_first_and_is_moved_off_when_it_reports
     late = evacuator.progress(1_030.0)
     assert [(m.job_id, m.move) for m in late] == [("silent", Move.MOVED_OFF)]
     assert fake.moved[-1] == ("silent", "gpu-a", "p") and fake.requeued == []
-    assert evacuator.making_room_for() == set()
+    assert evacuator.making_room_for() == set() and evacuator.reserved() == {}
     evacuator.close()
 
 

@@ -207,7 +207,13 @@ class Actuator:
             return
         for move in moves:
             try:
-                done = self.evacuator.make_room(move.node, move.jobs, move.for_job, view.now)
+                done = self.evacuator.make_room(
+                    move.node,
+                    move.jobs,
+                    move.for_job,
+                    view.now,
+                    {job: (instance, gpus) for job, instance, gpus in move.room},
+                )
             except Exception as exc:
                 records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))
                 continue

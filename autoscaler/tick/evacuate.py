@@ -27,7 +27,7 @@ waiting job is requeued within moments of either.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -75,6 +75,7 @@ class _Waiting:
     resume_from: float
     requeue_by: float
     for_job: str | None = None  # moved off its node for this pending job, not just requeued
+    room: tuple[str, int] | None = None  # the cloud instance and GPUs held for it meanwhile
 
 
 @dataclass
@@ -141,11 +142,17 @@ class Evacuator:
         return self._ask(calls, now)
 
     def make_room(
-        self, node: str, jobs: Sequence[RunningJob], for_job: str, now: float
+        self,
+        node: str,
+        jobs: Sequence[RunningJob],
+        for_job: str,
+        now: float,
+        room: Mapping[str, tuple[str, int]] | None = None,
     ) -> list[JobMove]:
         """Move ``jobs`` off the on-prem ``node`` for the pending ``for_job``: each is asked to
         checkpoint and moved once it reports, or once its checkpoint's expected time (the wait
-        for a report when none is known) and the margin are over."""
+        for a report when none is known) and the margin are over. ``room`` (by job id: a cloud
+        instance and GPUs) is held for each job until then (``reserved``)."""
         if self.mover is None:
             return [
                 JobMove(j.id, node, Move.FAILED, None, "the scheduler cannot move jobs")
@@ -163,7 +170,9 @@ class Evacuator:
                 if expected is not None
                 else self.settings.fresh_checkpoint_s
             )
-            evacuation.waiting[job.id] = _Waiting(job, now, resume_from, now + wait, for_job)
+            evacuation.waiting[job.id] = _Waiting(
+                job, now, resume_from, now + wait, for_job, (room or {}).get(job.id)
+            )
             calls.append(
                 (
                     _bind(self.scheduler.signal, job.id, job.checkpoint_signal),
@@ -319,6 +328,17 @@ class Evacuator:
 
     def waiting(self) -> set[str]:
         return {job for e in self._nodes.values() for job in e.waiting}
+
+    def reserved(self) -> dict[str, int]:
+        """Cloud GPUs held, by instance, for jobs being moved off on-prem nodes that have not
+        moved yet: room the rule found for them, which nothing else may count on meanwhile."""
+        held: dict[str, int] = {}
+        for evacuation in self._nodes.values():
+            for waiting in evacuation.waiting.values():
+                if waiting.room is not None:
+                    instance, gpus = waiting.room
+                    held[instance] = held.get(instance, 0) + gpus
+        return held
 
     def making_room_for(self) -> set[str]:
         """The pending jobs for which jobs are being moved off on-prem nodes (still waiting on

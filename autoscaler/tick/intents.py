@@ -81,6 +81,10 @@ class MoveJobs:
     jobs: tuple[RunningJob, ...]
     for_job: str
     reason: str
+    # The cloud room the rule found for each moved job: (job id, cloud instance id, GPUs). It is
+    # held for the job until it has moved off (no other move is given it, and the policy does not
+    # count it as free for other pending work).
+    room: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass

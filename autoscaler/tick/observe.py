@@ -229,6 +229,7 @@ class Observer:
             held,
             frozenset(flight.waiting()) if flight is not None else frozenset(),
             frozenset(flight.making_room_for()) if flight is not None else frozenset(),
+            dict(flight.reserved()) if flight is not None else {},
         )
 
     def _acted_on(self, notice: InterruptionNotice) -> bool:

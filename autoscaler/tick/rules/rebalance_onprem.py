@@ -50,6 +50,8 @@ class OnPremJobs:
     held: Sequence[HeldOff] = ()
     moving: frozenset[str] = field(default_factory=frozenset)
     making_room_for: frozenset[str] = field(default_factory=frozenset)
+    # cloud GPUs held, by instance, for jobs being moved that have not moved yet
+    reserved: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def served(self) -> frozenset[str]:
@@ -64,6 +66,8 @@ class MovesInFlight(Protocol):
     def waiting(self) -> Collection[str]: ...
 
     def making_room_for(self) -> Collection[str]: ...
+
+    def reserved(self) -> Mapping[str, int]: ...
 
 
 @dataclass
@@ -100,7 +104,7 @@ def worth_reading(view: FleetView, placement: Placement) -> list[str]:
     """The on-prem nodes whose jobs observe must list for the rule, none when nothing could be
     moved: no group may displace, no cloud room is free, or no busy node could host the job."""
     groups = displacing(view, placement)
-    if not groups or not _cloud_room(view):
+    if not groups or not _cloud_room(view, {}):
         return []
     return [
         node.name
@@ -114,13 +118,18 @@ def worth_reading(view: FleetView, placement: Placement) -> list[str]:
 def view_for_policy(
     view: FleetView, onprem: OnPremJobs | None, moves: Sequence[MoveJobs]
 ) -> FleetView:
-    """The view without the pending jobs room is being made for on-prem (each off the group that
-    names it among its longest-waiting), so the policy does not buy capacity for them too."""
+    """The view the policy plans from: without the pending jobs room is being made for on-prem
+    (each off the group that names it among its longest-waiting), so the policy does not buy
+    capacity for them too; and with the cloud room held for the jobs being moved counted as
+    taken, so the policy does not count it as free for other pending work as well."""
     if onprem is None and not moves:
         return view
     served = set(onprem.served if onprem is not None else ()) | {m.for_job for m in moves}
-    if not served:
-        return view
+    held = dict(onprem.reserved) if onprem is not None else {}
+    for move in moves:
+        for _, instance, gpus in move.room:
+            held[instance] = held.get(instance, 0) + gpus
+    update: dict[str, object] = {}
     groups: list[DemandGroup] = []
     changed = False
     for group in view.demand.groups:
@@ -131,10 +140,20 @@ def view_for_policy(
         changed = True
         if group.jobs > placed:
             groups.append(group.model_copy(update={"jobs": group.jobs - placed}))
-    if not changed:
-        return view
-    demand = view.demand.model_copy(update={"groups": tuple(groups)})
-    return view.model_copy(update={"demand": demand})
+    if changed:
+        update["demand"] = view.demand.model_copy(update={"groups": tuple(groups)})
+    if held:
+        update["instances"] = tuple(
+            node.model_copy(
+                update={
+                    "gpus_allocated": min(node.gpus, node.gpus_allocated + held[node.instance_id])
+                }
+            )
+            if held.get(node.instance_id)
+            else node
+            for node in view.instances
+        )
+    return view.model_copy(update=update) if update else view
 
 
 def moves(view: FleetView, placement: Placement, onprem: OnPremJobs | None) -> list[MoveJobs]:
@@ -150,7 +169,7 @@ def requests(
     if onprem is None or not onprem.jobs or not view.demand.known:
         return
     groups = displacing(view, placement)
-    room = _cloud_room(view)
+    room = _cloud_room(view, onprem.reserved)
     if not groups or not room:
         return
     busy_nodes = {h.node for h in onprem.held}
@@ -170,7 +189,7 @@ def requests(
         found = _make_room(view.onprem, onprem.jobs, group, placement, room, busy_nodes, busy_jobs)
         if found is None:
             continue
-        node, moved = found
+        node, moved, targets = found
         busy_nodes.add(node)
         busy_jobs.update(job.id for job in moved)
         requests.moves.append(
@@ -180,6 +199,7 @@ def requests(
                 job_id,
                 f"on-prem {node} for job {job_id} ({group.gpus_per_job} GPU(s)"
                 f"{'' if _protected(group, placement) else ', multi-GPU'})",
+                targets,
             )
         )
 
@@ -188,14 +208,15 @@ def _protected(group: DemandGroup, placement: Placement) -> bool:
     return not placement.allows_spot(group.checkpoint_interval_s is not None, group.high_priority)
 
 
-def _cloud_room(view: FleetView) -> list[_Room]:
-    """Running, joined cloud nodes with free GPUs and no notice against them."""
+def _cloud_room(view: FleetView, reserved: Mapping[str, int]) -> list[_Room]:
+    """Running, joined cloud nodes with free GPUs (less what moves under way hold there) and no
+    notice against them."""
     pools = {p.pool.name: p.pool for p in view.pools}
     noticed = {n.instance_id for n in view.notices}
     room = []
     for node in view.instances:
         pool = pools.get(node.pool)
-        free = node.gpus - node.gpus_allocated
+        free = node.gpus - node.gpus_allocated - reserved.get(node.instance_id, 0)
         if (
             pool is None
             or free <= 0
@@ -219,7 +240,7 @@ def _make_room(
     room: list[_Room],
     busy_nodes: set[str],
     busy_jobs: set[str],
-) -> tuple[str, list[RunningJob]] | None:
+) -> tuple[str, list[RunningJob], tuple[tuple[str, str, int], ...]] | None:
     """The on-prem node that frees room for the group's job by moving the fewest GPUs (then
     jobs, then by name), with cloud room reserved in ``room`` for each job moved; None when no
     node can, or when one already has room (the scheduler starts the job there itself)."""
@@ -261,15 +282,20 @@ def _make_room(
             short -= job.gpus
         options.append((sum(job.gpus for job in chosen), len(chosen), node.name, chosen))
     for _, _, name, chosen in sorted(options, key=lambda o: (o[0], o[1], o[2])):
-        if _reserve(chosen, placement, room):
-            return name, chosen
+        targets = _reserve(chosen, placement, room)
+        if targets is not None:
+            return name, chosen, targets
     return None
 
 
-def _reserve(jobs: Sequence[RunningJob], placement: Placement, room: list[_Room]) -> bool:
-    """Reserve cloud room for every job (the tightest fit of its first tier with room); leaves
-    ``room`` as it was and answers False when some job finds none."""
+def _reserve(
+    jobs: Sequence[RunningJob], placement: Placement, room: list[_Room]
+) -> tuple[tuple[str, str, int], ...] | None:
+    """Reserve cloud room for every job (the tightest fit of its first tier with room) and say
+    where, as (job id, instance, GPUs); leaves ``room`` as it was and answers None when some
+    job finds none."""
     taken: list[tuple[_Room, int]] = []
+    where: list[tuple[str, str, int]] = []
     for job in jobs:
         shape = NodeShape.model_construct(
             gpus=job.gpus, gpu_models=job.gpu_models, min_gpu_memory_gib=job.min_gpu_memory_gib
@@ -289,7 +315,8 @@ def _reserve(jobs: Sequence[RunningJob], placement: Placement, room: list[_Room]
         if target is None:
             for held, gpus in taken:
                 held.free += gpus
-            return False
+            return None
         target.free -= job.gpus
         taken.append((target, job.gpus))
-    return True
+        where.append((job.id, target.name, job.gpus))
+    return tuple(where)
