@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -39,6 +40,7 @@ from autoscaler.model.inputfile import LocatedDocument, read_yaml, validate_docu
 from autoscaler.model.progress import Progress
 from autoscaler.report.build import DEFAULT_POLICY, policy_result
 from autoscaler.report.model import PolicyResult
+from autoscaler.report.render_paths import shown_path
 from autoscaler.sim.engine import Prepared, prepare, simulate
 from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.scenario import LoadedScenario, PolicySpec, load_scenario
@@ -411,8 +413,13 @@ def policy_medians(scenarios: Sequence[ScenarioResult]) -> list[PolicyMedians]:
 def _bound_at_target(
     bounds: Sequence[LowerBoundResult], target_s: float
 ) -> LowerBoundResult | None:
+    """The bound the suite judges by, without its accrual curve: the suite's tables use the
+    total only, and a curve of up to 1,500 points per scenario would swell suite.json."""
     at = [b for b in bounds if b.max_wait_s == target_s]
-    return at[0] if at else (bounds[-1] if bounds else None)
+    chosen = at[0] if at else (bounds[-1] if bounds else None)
+    if chosen is None:
+        return None
+    return chosen.model_copy(update={"accrual_t_hours": [], "accrual_cost": []})
 
 
 def run_suite(
@@ -692,14 +699,35 @@ def render_markdown(report: SuiteReport, show_wall: bool = False) -> str:
 # ---------------------------------------------------------------- files and the command
 
 
+def with_shown_paths(report: SuiteReport) -> SuiteReport:
+    """The suite report with its paths as a reader can use them, never as absolute paths of
+    this machine (``autoscaler.report.render_paths``): the suite file as typed (a shipped one
+    from the package, another absolute one by its name), each scenario relative to the suite's
+    folder, as the suite file names it (a shipped one from the package; one outside the
+    folder by its name)."""
+    folder = Path(os.path.abspath(report.source)).parent
+    return report.model_copy(
+        update={
+            "source": shown_path(report.source),
+            "scenarios": [
+                s.model_copy(update={"source": shown_path(s.source, folder)})
+                for s in report.scenarios
+            ],
+        }
+    )
+
+
 def write_suite(report: SuiteReport, out_dir: Path) -> list[Path]:
     """suite.json and suite.md, each renamed into place only once fully written, and only
-    when every figure is a finite number."""
+    when every figure is a finite number. The paths written are shown as ``with_shown_paths``
+    says; an error still names the suite file as the person typed it."""
     # report.write brings the HTML report's matplotlib: imported here, not with the module, so
     # that validate can read a suite file on an install without the report extra.
     from autoscaler.report.write import refuse_non_finite, write_files
 
-    refuse_non_finite(report.model_dump(mode="python"), report.source, "suite report")
+    typed = report.source
+    report = with_shown_paths(report)
+    refuse_non_finite(report.model_dump(mode="python"), typed, "suite report")
     return write_files(
         out_dir,
         [
