@@ -149,8 +149,8 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
     unhostable = check_hostable(prepared)
     if unhostable.jobs:
         print(
-            f"{loaded.source}: note: {unhostable.describe()}. They stay pending in every "
-            "replay and the lower bound leaves them out.",
+            f"{note_source(loaded.source, args.scenario)}: note: {unhostable.describe()}. "
+            "They stay pending in every replay and the lower bound leaves them out.",
             file=sys.stderr,
         )
     compared = next(
@@ -194,6 +194,17 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
     print(summary_markdown(report))
     print("\nwritten: " + ", ".join(str(p) for p in written))
     return 0
+
+
+def note_source(source: str, typed: Path | None) -> str:
+    """The scenario as a note on stderr names it: the shipped default by its place in the package
+    (``autoscaler/data/scenarios/...``), not this machine's site-packages; a person's own file
+    as they typed it, so that they can open it."""
+    if typed is not None:
+        return source
+    from autoscaler.report.render_paths import shown_path
+
+    return shown_path(source)
 
 
 def _non_finite(value: object, at: str = "") -> str | None:
