@@ -106,6 +106,7 @@ def _report(args: argparse.Namespace) -> int:
             args.out,
             args.compare_scenario,
             policies[0] if policies else None,
+            show_progress=not args.no_progress,
         )
     if args.since or args.until or args.compare_scenario:
         raise InputError(

@@ -700,9 +700,14 @@ def build_journal_report(
 # ---------------------------------------------------------------- beside the simulator
 
 
-def with_prediction(report: Report, scenario: Path, policy_name: str | None) -> Report:
+def with_prediction(
+    report: Report, scenario: Path, policy_name: str | None, show_progress: bool = False
+) -> Report:
     """The simulator's replay of ``scenario`` for the policy the controller runs, as a second
-    row: compared per hour, since the replayed window and the journal's period differ."""
+    row: compared per hour, since the replayed window and the journal's period differ.
+    ``show_progress`` shows the replay as it runs (a bar on a terminal, a line every ~10 s in a
+    log: ``autoscaler.model.progress``); a long scenario replays for minutes."""
+    from autoscaler.model.progress import Progress
     from autoscaler.report.build import DEFAULT_POLICY, policy_result
     from autoscaler.sim.engine import prepare, simulate
     from autoscaler.sim.scenario import load_scenario
@@ -720,7 +725,9 @@ def with_prediction(report: Report, scenario: Path, policy_name: str | None) -> 
         )
     prepared = prepare(loaded)
     index, spec = match
-    result = simulate(prepared, spec, index)
+    desc = f"replay {spec.title} for comparison"
+    with Progress(desc, prepared.horizon_s / 3600, "h", enabled=show_progress) as bar:
+        result = simulate(prepared, spec, index, lambda t: bar.update_to(t / 3600))
     predicted = policy_result(result, prepared, []).model_copy(
         update={"label": f"Simulated: {result.label} ({loaded.scenario.name})"}
     )
@@ -753,8 +760,10 @@ def run_journal_report(
     out: Path,
     compare_scenario: Path | None = None,
     policy_name: str | None = None,
+    show_progress: bool = False,
 ) -> int:
-    """``gpu-autoscaler report --journal ...``: write report.json/md/html and print a summary."""
+    """``gpu-autoscaler report --journal ...``: write report.json/md/html and print a summary.
+    ``show_progress`` shows the ``compare_scenario`` replay as it runs."""
     from autoscaler.report.render import summary_markdown
     from autoscaler.report.write import publishable, write_report
 
@@ -765,7 +774,7 @@ def run_journal_report(
     records = read_journal(path, postgres_env, since, until)
     report = build_journal_report(records, since, until)
     if compare_scenario is not None:
-        report = with_prediction(report, compare_scenario, policy_name)
+        report = with_prediction(report, compare_scenario, policy_name, show_progress)
     report = publishable(report)
     written = write_report(report, out)
     print(summary_markdown(report))
