@@ -206,3 +206,15 @@ def test_the_examples_own_tests_pass(site: Path, copied: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout
+
+
+def test_the_readmes_snippet_prints_what_the_readme_says(site: Path, tmp_path: Path) -> None:
+    """The README's offline-test snippet, run as a user would copy it, prints the line the
+    README quotes: the figures there cannot drift from what the code does."""
+    readme = (EXAMPLE / "README.md").read_text()
+    section = readme.split("## Test it offline", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    quoted = section.split("which prints `", 1)[1].split("`", 1)[0]
+    done = run(["-c", snippet], site, tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == quoted
