@@ -83,9 +83,10 @@ def boot(script: str, directory: Path, name: str = "i-0node", gpus: int = 4) -> 
 
 
 def node_conf(args: list[str]) -> dict[str, str]:
-    """The ``--conf`` the script gave slurmd, as attribute -> value."""
+    """The ``--conf`` the script gave slurmd, as attribute -> value (a ``Comment=`` an operator
+    appends, which may hold spaces, is left out)."""
     conf = args[args.index("--conf") + 1]
-    return dict(word.split("=", 1) for word in conf.split())
+    return dict(word.split("=", 1) for word in conf.split(" Comment=")[0].split())
 
 
 def features(args: list[str]) -> list[str]:

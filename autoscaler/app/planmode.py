@@ -25,15 +25,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from autoscaler.app.assembly import (
-    Mode,
-    Parts,
-    build_controller,
-    build_providers,
-    build_signals,
-    close_all,
-    load_configured_policy,
-)
+from autoscaler.app.assembly import Mode, build_controller, build_file_parts
 from autoscaler.app.preview import LaunchPreview, Preview, Value, preview
 from autoscaler.model.clock import Clock, SystemClock
 from autoscaler.model.config import ControllerConfig, load_config
@@ -41,7 +33,6 @@ from autoscaler.model.errors import InputError
 from autoscaler.model.logs import configure
 from autoscaler.model.records import TickReport
 from autoscaler.model.secrets import (
-    register_config_secrets,
     register_environment_secrets,
     scrub,
     scrub_strings,
@@ -127,17 +118,10 @@ def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
     where = str(path)
     config = load_config(path)
     register_environment_secrets()
-    register_config_secrets(config, where)
-    policy = load_configured_policy(config, where)
-    providers = build_providers(config, where)
-    wiring = build_signals(config, where)
+    parts = build_file_parts(config, where)
     try:
         assembled = build_controller(
-            config,
-            Mode.PLAN,
-            policy,
-            clock or SystemClock(),
-            Parts(providers, wiring.signals, wiring.scheduler),
+            config, Mode.PLAN, parts.policy, clock or SystemClock(), parts.plugged()
         )
         controller = assembled.controller
         try:
@@ -147,9 +131,7 @@ def make_report(path: Path, clock: Clock | None = None) -> PlanReport:
         observation, intents = controller.last_observation, controller.last_intents
         assert observation is not None and intents is not None  # set by every tick
     finally:
-        close_all(
-            [*providers.values(), *wiring.signals.queues, *wiring.signals.telemetry], quiet=True
-        )
+        parts.close(quiet=True)
     calls = tuple(assembled.recorded.calls) if assembled.recorded is not None else ()
     return _report(config, tick, observation, intents, calls)
 
