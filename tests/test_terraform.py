@@ -36,14 +36,18 @@ from terraform_support import (
     named,
     policy_statements,
     render_template,
+    resolve_local,
 )
 
-from autoscaler.app.assembly import build_providers
+from autoscaler.app.assembly import build_file_parts, build_providers
 from autoscaler.model.config import load_config
 from autoscaler.spi.provider import FLEET_TAG
 from providers.aws.events import HEALTH, LEAVING_STATES, REBALANCE, SPOT_WARNING, STATE_CHANGE
 
 MODULES = ("aws", "gcp", "azure")
+# one root module per cloud that needs only that cloud (docs/quickstart-<cloud>.md)
+QUICKSTARTS = {cloud: f"examples/{cloud}-quickstart" for cloud in MODULES}
+PROVIDER_OF = {"aws": "aws", "gcp": "google", "azure": "azurerm"}
 ROOT = TERRAFORM.parent
 CLI = Path(sys.executable).parent / "gpu-autoscaler"
 
@@ -57,7 +61,8 @@ CLOUDS: dict[str, tuple[Callable[[], Calls], Callable[[Module], set[str]]]] = {
 
 @pytest.fixture(scope="module")
 def modules() -> dict[str, Module]:
-    return {name: load_module(TERRAFORM / name) for name in (*MODULES, "examples")}
+    names = (*MODULES, "examples", *QUICKSTARTS.values())
+    return {name: load_module(TERRAFORM / name) for name in names}
 
 
 # -- shape of the modules -----------------------------------------------------------------------
@@ -70,7 +75,7 @@ def test_every_tf_file_parses() -> None:
         assert load_hcl(path), f"{path} parsed to nothing"
 
 
-@pytest.mark.parametrize("name", [*MODULES, "examples"])
+@pytest.mark.parametrize("name", [*MODULES, "examples", *QUICKSTARTS.values()])
 def test_module_pins_terraform_and_providers(name: str, modules: dict[str, Module]) -> None:
     (settings,) = modules[name]["terraform"]
     assert settings["required_version"].startswith(">= 1.5")
@@ -436,3 +441,171 @@ def test_template_renderer_refuses_what_it_cannot_render() -> None:
     with pytest.raises(KeyError):
         render_template("a: ${jsonencode(x)}\n", {})
     assert render_template("a: ${jsonencode(x)}\n", {"x": 'say "hi"'}) == 'a: "say \\"hi\\""\n'
+
+
+# -- the quickstarts: one cloud each --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_a_quickstart_needs_only_its_own_cloud(cloud: str, modules: dict[str, Module]) -> None:
+    quickstart = modules[QUICKSTARTS[cloud]]
+    (settings,) = quickstart["terraform"]
+    assert [set(p) for p in settings["required_providers"]] == [{PROVIDER_OF[cloud]}]
+    assert [set(p) for p in quickstart["provider"]] == [{PROVIDER_OF[cloud]}]
+    assert {name: body["source"] for name, body in named(quickstart, "module").items()} == {
+        cloud: f"../../{cloud}"
+    }
+    for kind in ("resource", "data"):
+        for block in quickstart.get(kind, []):
+            for type_name in block:
+                assert type_name.startswith(f"{PROVIDER_OF[cloud]}_"), type_name
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_a_quickstart_documents_and_checks_its_inputs(
+    cloud: str, modules: dict[str, Module]
+) -> None:
+    quickstart = modules[QUICKSTARTS[cloud]]
+    variables = named(quickstart, "variable")
+    for name, body in {**variables, **named(quickstart, "output")}.items():
+        assert len(body.get("description", "")) > 20, f"{cloud}: {name} has no description"
+    for name, body in variables.items():
+        assert "type" in body, f"{cloud}: variable {name} has no type"
+        if "default" not in body:
+            assert body.get("validation"), f"{cloud}: required {name} is not validated"
+    outputs = named(quickstart, "output")
+    for output, template in (
+        ("controller_config", "controller-config.yaml.tftpl"),
+        ("controller_config_slurm", "controller-config-slurm.yaml.tftpl"),
+    ):
+        assert outputs[output]["value"] == (
+            f'${{templatefile("${{path.module}}/{template}", local.config_values)}}'
+        )
+
+
+def test_the_aws_quickstart_gives_the_role_what_its_config_and_template_use(
+    modules: dict[str, Module],
+) -> None:
+    """The controller's role is the module's alone; the module's optional grants cover what
+    the quickstart's config and launch template make the controller do: count the work queue
+    the sqs source reads, and pass the nodes' role the template's instance profile carries.
+    The template tags nothing itself, since the role may tag only instances, and only at launch
+    with the fleet tag (TagOnlyAtLaunch)."""
+    quickstart = modules[QUICKSTARTS["aws"]]
+    call = named(quickstart, "module")["aws"]
+    assert call["create_instance_profile"] is True
+    assert call["regions"] == ["${var.region}"]
+    assert call["work_queue_arns"] == ["${aws_sqs_queue.work.arn}"]
+    assert call["node_role_arns"] == ["${aws_iam_role.node.arn}"]
+    values = locals_of(quickstart)["config_values"]
+    assert values["work_queue_url"] == "${aws_sqs_queue.work.url}"
+    assert values["interruption_queue_url"] == "${module.aws.interruption_queue_url}"
+    assert values["launch_template"] == "${aws_launch_template.node.name}"
+
+    resources = {t for block in quickstart["resource"] for t in block}
+    assert not {"aws_iam_policy", "aws_iam_role_policy", "aws_iam_role_policy_attachment"} & (
+        resources
+    ), "the quickstart grants nothing besides the module: the grant check covers it all"
+    template = blocks(quickstart, "resource", "aws_launch_template")["node"]
+    assert "tag_specifications" not in template
+    (profile,) = template["iam_instance_profile"]
+    assert profile["arn"] == "${aws_iam_instance_profile.node.arn}"
+    node_profile = blocks(quickstart, "resource", "aws_iam_instance_profile")["node"]
+    assert node_profile["role"] == "${aws_iam_role.node.name}"
+    (metadata,) = template["metadata_options"]
+    assert metadata["http_tokens"] == "required"
+    (disk,) = template["block_device_mappings"]
+    assert disk["ebs"][0]["encrypted"] is True
+
+
+# What creating a VM with each field of the provider's Instance body is authorised as, besides
+# compute.instances.create (Compute Engine's access control for instances.insert).
+GCP_FIELD_PERMISSIONS: dict[str, frozenset[str]] = {
+    "name": frozenset(),
+    "machine_type": frozenset(),
+    "scheduling": frozenset(),
+    "guest_accelerators": frozenset(),
+    "labels": frozenset({"compute.instances.setLabels"}),
+    "disks": frozenset({"compute.disks.create", "compute.images.useReadOnly"}),
+    "network_interfaces": frozenset({"compute.subnetworks.use"}),
+    "metadata": frozenset({"compute.instances.setMetadata"}),
+    "service_accounts": frozenset(
+        {"compute.instances.setServiceAccount", "iam.serviceAccounts.actAs"}
+    ),
+}
+
+
+def _gcp_quickstart_needs() -> dict[str, str]:
+    """Each permission the VM bodies the GCP provider builds for the quickstart's pools need
+    besides instances.create, with the pool that needs it. The bodies come from the provider
+    itself, built from each quickstart config as run builds it (the Slurm join script made
+    the pools' startup-script), so a new field in the code or a new option in a config fails
+    until it is known here and granted."""
+    needs: dict[str, str] = {}
+    for name in ("gcp.yaml", "gcp-slurm.yaml"):
+        config = load_config(ROOT / "examples" / "quickstart" / name)
+        parts = build_file_parts(config, name)
+        try:
+            instances = parts.providers["gcp"].instances  # type: ignore[attr-defined]
+            for pool in config.pools:
+                body = instances.resource(pool, "ga-x-0", "us-central1-a", {"k": "v"})
+                unknown = set(body) - set(GCP_FIELD_PERMISSIONS)
+                assert not unknown, f"no permission is known for the VM fields {unknown}"
+                for field in body:
+                    for permission in GCP_FIELD_PERMISSIONS[field]:
+                        needs.setdefault(permission, f"{name}: {pool.name}.{field}")
+        finally:
+            parts.close(quiet=True)
+    return needs
+
+
+def test_the_gcp_quickstart_grants_exactly_what_its_pools_options_need(
+    modules: dict[str, Module],
+) -> None:
+    """The module grants what the code calls; the quickstart adds, in roles of its own, exactly
+    what its pools' options make a VM insert need beyond that (metadata and the nodes' service
+    account), the right to act as an account on the nodes' account alone."""
+    quickstart = modules[QUICKSTARTS["gcp"]]
+    module = gcp_granted(modules["gcp"])
+    roles = blocks(quickstart, "resource", "google_project_iam_custom_role")
+    boot = set(resolve_local(quickstart, roles["boot"]["permissions"]))
+    act_as = set(resolve_local(quickstart, roles["act_as_node"]["permissions"]))
+    needs = _gcp_quickstart_needs()
+
+    missing = set(needs) - module - boot - act_as
+    assert not missing, {p: needs[p] for p in missing}
+    assert boot | act_as == set(needs) - module, "granted beyond what the options need"
+    assert not (boot | act_as) & module, "granted twice: the module grants it now"
+    assert act_as == {"iam.serviceAccounts.actAs"}
+
+    member = "${local.controller_member}"
+    assert locals_of(quickstart)["controller_member"] == (
+        "serviceAccount:${module.gcp.service_account_email}"
+    )
+    project_binding = blocks(quickstart, "resource", "google_project_iam_member")["boot"]
+    assert project_binding["role"] == "${google_project_iam_custom_role.boot.id}"
+    assert project_binding["member"] == member
+    # acting as an account: only as the nodes' account, the one the configs name
+    (binding,) = blocks(quickstart, "resource", "google_service_account_iam_member").values()
+    assert binding["service_account_id"] == "${google_service_account.node.name}"
+    assert binding["role"] == "${google_project_iam_custom_role.act_as_node.id}"
+    assert binding["member"] == member
+    assert not blocks(quickstart, "resource", "google_project_iam_binding")
+    values = locals_of(quickstart)["config_values"]
+    assert values["node_service_account"] == "${google_service_account.node.email}"
+
+
+def test_the_azure_quickstart_scopes_the_identity_to_its_own_group_and_subnet(
+    modules: dict[str, Module],
+) -> None:
+    quickstart = modules[QUICKSTARTS["azure"]]
+    call = named(quickstart, "module")["azure"]
+    assert call["resource_group_name"] == "${azurerm_resource_group.fleet.name}"
+    assert call["subnet_ids"] == ["${azurerm_subnet.gpu.id}"]
+    values = locals_of(quickstart)["config_values"]
+    assert values["subnet_id"] == "${azurerm_subnet.gpu.id}"
+    assert values["resource_group"] == "${module.azure.resource_group}"
+    resources = {t for block in quickstart["resource"] for t in block}
+    assert not {"azurerm_role_definition", "azurerm_role_assignment"} & resources, (
+        "the quickstart grants nothing besides the module: the grant check covers it all"
+    )
