@@ -14,10 +14,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from autoscaler.cli import agent, plan, policies, report, run, schema, trace, validate
+from autoscaler.cli import agent, plan, policies, report, run, schema, sweep, trace, validate
 from autoscaler.model.exits import EXIT_BAD_INPUT, run_command
 
-COMMANDS = (validate, schema, policies, run, plan, agent, report, trace)
+COMMANDS = (validate, schema, policies, run, plan, agent, report, sweep, trace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
