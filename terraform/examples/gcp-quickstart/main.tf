@@ -3,8 +3,10 @@
 # GPU VMs' own service account, and a network for both. The controller config is rendered from
 # the outputs, once for a Redis work queue and once for Slurm (docs/quickstart-slurm.md).
 
+# Compute Engine and IAM for everything here; IAP for SSH to the controller's VM, which has no
+# external address.
 resource "google_project_service" "apis" {
-  for_each           = toset(["compute.googleapis.com", "iam.googleapis.com"])
+  for_each           = toset(["compute.googleapis.com", "iam.googleapis.com", "iap.googleapis.com"])
   project            = var.project
   service            = each.value
   disable_on_destroy = false
