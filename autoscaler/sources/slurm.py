@@ -70,6 +70,7 @@ from autoscaler.sources.slurm_placement import (
     Step,
     hold_steps,
     partition_plan,
+    requeued_order,
 )
 from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
 
@@ -115,6 +116,10 @@ QUEUE_REUSE_S = 30.0
 DEFAULT_CRED_EXPIRE_S = 120.0
 CREDENTIAL_MARGIN_S = 5.0
 _CRED_EXPIRE = re.compile(r"^AuthInfo\s*=.*\bcred_expire=([0-9]{1,6})\b", re.MULTILINE)
+_WEIGHT_PARTITION = re.compile(r"^PriorityWeightPartition\s*=\s*([0-9]{1,10})\b", re.MULTILINE)
+# How often the managed partitions' PriorityTier and PriorityJobFactor are checked (a
+# reconfigure may change them; one command).
+ORDER_CHECK_S = 300.0
 DRAIN_BATCH = 200
 JOB_BATCH = 200
 
@@ -171,6 +176,13 @@ class SlurmSettings(BaseModel):
         "(gpu: gpu-spot): pending GPU jobs of the base partition are put in the twin only while "
         "the placement lets them run on spot (docs/slurm.md)",
     )
+    on_demand_partitions: dict[str, str] = Field(
+        default_factory=dict,
+        description="base partition -> its on-demand twin, the partition the on-demand cloud "
+        "nodes are in (gpu: gpu-od), one for every base of spot_partitions: the base then holds "
+        "on-prem nodes only, and each judged job's partitions are written in the placement's "
+        "order (gpu,gpu-spot,gpu-od); unset, on-demand nodes share the base (docs/slurm.md)",
+    )
     placement_jobs_per_tick: PositiveInt = Field(
         5000, description="the most pending jobs whose partitions one tick changes"
     )
@@ -209,6 +221,42 @@ class SlurmSettings(BaseModel):
             if twin in value:
                 raise ValueError(f"{twin!r} is both a base partition and a spot twin")
         return value
+
+    @field_validator("on_demand_partitions")
+    @classmethod
+    def _on_demand_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in (*value, *value.values()):
+            if not _PARTITION.fullmatch(name):
+                raise ValueError(f"{name!r} is not a partition name")
+        return value
+
+    @model_validator(mode="after")
+    def _on_demand_twins(self) -> SlurmSettings:
+        """Every base has an on-demand twin or none has: the layout (on-demand nodes in the base
+        or in a partition of their own) is the cluster's, and the cloud nodes' weight is one."""
+        on_demand, spot = self.on_demand_partitions, self.spot_partitions
+        if not on_demand:
+            return self
+        strangers = sorted(set(on_demand) - set(spot))
+        if strangers:
+            raise ValueError(
+                f"on_demand_partitions: {strangers[0]!r} is not a base partition of "
+                f"spot_partitions ({', '.join(sorted(spot)) or 'none'})"
+            )
+        missing = sorted(set(spot) - set(on_demand))
+        if missing:
+            raise ValueError(
+                f"on_demand_partitions: base partition {missing[0]!r} has no on-demand twin: "
+                "name one for every base of spot_partitions, or none"
+            )
+        taken = {*spot, *spot.values()}
+        for base, twin in on_demand.items():
+            if twin in taken:
+                raise ValueError(
+                    f"on_demand_partitions: {base}: {twin!r} is already a base partition or a "
+                    "spot twin"
+                )
+        return self
 
     @field_validator("join_gpu_types")
     @classmethod
@@ -283,6 +331,9 @@ class SlurmAdapter:
         # move_off may run on the controller's worker threads while a tick reads the holds.
         self._holds_lock = threading.Lock()
         self._credential: float | None = None
+        self._weight_partition: int | None = None
+        self._order_checked: tuple[float, str | None] | None = None
+        self._placement: Placement | None = None
         self._queue: tuple[float, frozenset[str], list[QueuedJob]] | None = None
         self._bases = frozenset(settings.spot_partitions)
         self._env = dict(os.environ)
@@ -366,13 +417,8 @@ class SlurmAdapter:
     def _partition_nodes(self) -> dict[str, tuple[int, int | None]]:
         """Each partition's MinNodes and MaxNodes (None: UNLIMITED) from ``scontrol show
         partition --oneliner``."""
-        text = self._run("scontrol", "show", "partition", "--oneliner").decode(errors="replace")
         limits: dict[str, tuple[int, int | None]] = {}
-        for line in text.splitlines():
-            fields = dict(token.partition("=")[::2] for token in line.split())
-            name = fields.get("PartitionName")
-            if not name:
-                continue
+        for name, fields in self._partitions_shown().items():
             least, most = fields.get("MinNodes", "0"), fields.get("MaxNodes", "UNLIMITED")
             if not _NODE_COUNT.fullmatch(least) or not (
                 _NODE_COUNT.fullmatch(most) or most == "UNLIMITED"
@@ -383,6 +429,17 @@ class SlurmAdapter:
                 )
             limits[name] = (int(least), None if most == "UNLIMITED" else int(most))
         return limits
+
+    def _partitions_shown(self) -> dict[str, dict[str, str]]:
+        """Each partition's fields as ``scontrol show partition --oneliner`` gives them."""
+        text = self._run("scontrol", "show", "partition", "--oneliner").decode(errors="replace")
+        shown: dict[str, dict[str, str]] = {}
+        for line in text.splitlines():
+            fields = dict(token.partition("=")[::2] for token in line.split())
+            name = fields.get("PartitionName")
+            if name:
+                shown[name] = fields
+        return shown
 
     def read_nodes(self, now: float) -> NodeReading:
         nodes = self._sinfo()
@@ -458,25 +515,41 @@ class SlurmAdapter:
         ended there, which slurmd would refuse for good."""
         job = _check_job(job_id)
         self._run("scontrol", "requeue", job)
-        if self._settled(job) != "PENDING":
+        state, partitions = self._settled(job)
+        if state != "PENDING":
             return
         try:
-            self._run("scontrol", "update", f"jobid={job}", RELEASED)
+            self._run("scontrol", "update", f"jobid={job}", RELEASED, *self._reorder(partitions))
         except SourceError as exc:
             log.warning("job %s requeued, but it keeps Slurm's hold: %s", job, exc)
 
-    def _settled(self, job: str) -> str:
-        """The state of a job just requeued, once it has stopped completing (or the wait is
-        over)."""
+    def _settled(self, job: str) -> tuple[str, str]:
+        """The state and partitions of a job just requeued, once it has stopped completing (or
+        the wait is over)."""
         give_up = time.monotonic() + REQUEUE_RELEASE_S
-        state = "COMPLETING"
+        state, partitions = "COMPLETING", ""
         while time.monotonic() < give_up:
-            state = self._run("squeue", "-h", "-j", job, "-o", "%T").decode(errors="replace")
-            state = state.strip()
+            line = self._run("squeue", "-h", "-j", job, "-o", "%T|%P").decode(errors="replace")
+            state, _, partitions = line.strip().partition("|")
             if state != "COMPLETING":
                 break
             time.sleep(0.1)
-        return state
+        return state, partitions
+
+    def _reorder(self, partitions: str) -> tuple[str, ...]:
+        """The assignment that puts a requeued job's partitions back in the placement's order
+        (Slurm moved the one it ran in to the front), in the same update that releases it, so
+        it cannot start anywhere before; none when the order is right or not the controller's."""
+        placement = self._placement
+        if placement is None or not self.settings.on_demand_partitions:
+            return ()
+        order = requeued_order(
+            tuple(partitions.split(",")),
+            placement,
+            self.settings.spot_partitions,
+            self.settings.on_demand_partitions,
+        )
+        return (f"partition={','.join(order)}",) if order else ()
 
     def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue a job running on ``node`` and keep it off that node (its ``ExcNodeList``, with
@@ -519,8 +592,9 @@ class SlurmAdapter:
         )
         with self._holds_lock:
             self._holds[job] = hold
-        if self._settled(job) == "PENDING":
-            self._apply_hold(hold)
+        state, partitions = self._settled(job)
+        if state == "PENDING":
+            self._apply_hold(hold, self._reorder(partitions))
 
     def _credential_s(self) -> float:
         """Slurm's job credential lifetime (``AuthInfo`` ``cred_expire``, 120 s unless set),
@@ -545,7 +619,7 @@ class SlurmAdapter:
             if self._holds.get(hold.job_id) is hold:
                 del self._holds[hold.job_id]
 
-    def _apply_hold(self, hold: Hold) -> None:
+    def _apply_hold(self, hold: Hold, reorder: tuple[str, ...] = ()) -> None:
         excluded = f"{hold.excluded},{hold.node}" if hold.excluded else hold.node
         try:
             self._run(
@@ -554,6 +628,7 @@ class SlurmAdapter:
                 f"jobid={hold.job_id}",
                 f"excnodelist={excluded}",
                 RELEASED,
+                *reorder,
             )
         except SourceError as exc:
             log.warning(
@@ -607,18 +682,30 @@ class SlurmAdapter:
         """Put the policy's placement into Slurm's own terms, changing only what differs.
 
         * Node weights (lower is used first): cloud nodes last while spot-safe work should use
-          on-prem first, first otherwise.
+          on-prem first, first otherwise; with ``on_demand_partitions`` always last (the order
+          of judged jobs is their partitions', and a partition that mixes on-prem and cloud
+          nodes serves on-prem first, as work kept off spot wants).
         * With ``spot_partitions``, the spot twins of pending GPU jobs' partitions: in for jobs
-          the placement lets run on spot, out for jobs that must stay off it
-          (``autoscaler.sources.slurm_placement``).
+          the placement lets run on spot, out for jobs that must stay off it; with
+          ``on_demand_partitions`` also the on-demand twins, and every judged job's partitions
+          in the placement's tier order (``autoscaler.sources.slurm_placement``), after a check
+          that Slurm will try them in that order (``_order_problem``).
         * Holds of jobs moved off a node (``move_off``) that have done their work are lifted.
 
         Each part is done even when another failed; the first failure is raised after."""
+        self._placement = placement
         failures: list[str] = []
         try:
             self._apply_weights(placement)
         except SourceError as exc:
             failures.append(str(exc))
+        if self.settings.on_demand_partitions:
+            try:
+                problem = self._order_problem()
+            except SourceError as exc:
+                problem = str(exc)
+            if problem:
+                failures.append(problem)
         if self.settings.spot_partitions or self._holds:
             try:
                 failures += self._apply_queue(placement)
@@ -631,13 +718,63 @@ class SlurmAdapter:
     def _apply_weights(self, placement: Placement) -> None:
         wanted = (
             self.settings.cloud_weight_last
-            if placement.spot_safe_onprem is OnPremUse.FIRST
+            if placement.spot_safe_onprem is OnPremUse.FIRST or self.settings.on_demand_partitions
             else self.settings.cloud_weight_first
         )
         weights = cloud_node_weights(self._run("sinfo", "--json"), self.settings.cloud_feature)
         stale = sorted(name for name, weight in weights.items() if weight != wanted)
         if stale:
             self._run("scontrol", "update", f"nodename={','.join(stale)}", f"weight={wanted}")
+
+    def _order_problem(self) -> str | None:
+        """Why Slurm would not try judged jobs' partitions in the order written, or None: a
+        managed partition it does not have, or managed partitions that differ in PriorityTier
+        (tried first, whatever the list's order) or, while ``PriorityWeightPartition`` is set,
+        in PriorityJobFactor (a job's priority in each partition, tried before the order).
+        Read at most every ``ORDER_CHECK_S`` seconds; the answer stands in between."""
+        now = time.monotonic()
+        if self._order_checked is not None and now - self._order_checked[0] < ORDER_CHECK_S:
+            return self._order_checked[1]
+        settings = self.settings
+        managed = sorted(
+            {
+                *settings.spot_partitions,
+                *settings.spot_partitions.values(),
+                *settings.on_demand_partitions.values(),
+            }
+        )
+        shown = self._partitions_shown()
+        problem = None
+        missing = [name for name in managed if name not in shown]
+        if missing:
+            problem = (
+                f"placement: Slurm has no partition {', '.join(missing)} (spot_partitions, "
+                "on_demand_partitions): jobs cannot be put there"
+            )
+        else:
+            keys = ["PriorityTier"]
+            if self._partition_weight() > 0:
+                keys.append("PriorityJobFactor")
+            for key in keys:
+                values = {name: shown[name].get(key, "") for name in managed}
+                if len(set(values.values())) > 1:
+                    listed = ", ".join(f"{n} {v}" for n, v in values.items())
+                    problem = (
+                        f"placement: the partitions differ in {key} ({listed}): Slurm tries a "
+                        f"job's partitions by {key} before the order the controller writes; "
+                        f"give them one {key} (docs/slurm.md)"
+                    )
+                    break
+        self._order_checked = (now, problem)
+        return problem
+
+    def _partition_weight(self) -> int:
+        """Slurm's ``PriorityWeightPartition`` (0 unless set), read once."""
+        if self._weight_partition is None:
+            text = self._run("scontrol", "show", "config").decode(errors="replace")
+            found = _WEIGHT_PARTITION.search(text)
+            self._weight_partition = int(found.group(1)) if found else 0
+        return self._weight_partition
 
     def _apply_queue(self, placement: Placement) -> list[str]:
         """Spot twins and holds from one ``squeue``; at most one ``scontrol`` per changed job,
@@ -668,6 +805,7 @@ class SlurmAdapter:
             self.settings.spot_partitions,
             self.settings.placement_jobs_per_tick,
             skip=touched,
+            on_demand=self.settings.on_demand_partitions,
         )
         if plan.deferred:
             log.info(

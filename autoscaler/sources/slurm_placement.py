@@ -11,11 +11,23 @@ one per-job lever Slurm has for this: ``--constraint`` has no negation (a featur
 cannot be refused), and a feature ANDed into protected jobs would leave a new job unprotected
 until the next tick.
 
+**In the placement's order, by list order.** With on-demand twins as well (``gpu-od``, the
+on-demand cloud nodes' own partition; the base then holds on-prem nodes only), each partition is
+one kind of capacity and a judged job's partitions are written in its ``Placement.tiers`` order:
+``gpu,gpu-spot,gpu-od`` for a spot-safe job while on-prem comes first, ``gpu-spot,gpu-od,gpu``
+while it comes after the cloud, ``gpu,gpu-od`` for a job kept off spot. Slurm 22.05 tries a job's
+partitions by PriorityTier, then by the job's priority in each (PriorityJobFactor), then in the
+order the job lists them (tested in tests/test_slurm_placement.py), so the managed partitions must
+share one PriorityTier and one PriorityJobFactor. Without on-demand twins, on-demand nodes share
+the base with on-prem nodes and only the set of partitions is managed (the order within the base
+is the node weights'): a spot-safe job then takes on-demand room in the base before spot room.
+
 The twins are the controller's own: a job's other partitions are never touched, a job in a twin
-but in no base partition (a user who chose spot) is left alone, and only jobs whose twins must
-change are updated, grouped by their new partition list so that a tick costs a few ``scontrol``
-commands, at most one per changed job. Jobs to protect go first, and at most ``most`` jobs change
-per tick; the rest follow next tick, which only delays a job's use of spot.
+but in no base partition (a user who chose spot, or on-demand) is left alone, and only jobs whose
+partitions must change are updated, grouped by their new partition list so that a tick costs a
+few ``scontrol`` commands, at most one per changed job. Jobs to take off spot go first, and at
+most ``most`` jobs change per tick; the rest follow next tick, which only delays a job's use of
+spot (or of the order it should have).
 
 **Holds.** A job moved off an on-prem node to make room there (``MovesJobsOff``) is kept off that
 node through its ``ExcNodeList`` until the job it made room for has started there (or elsewhere,
@@ -29,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autoscaler.model import Placement
+from autoscaler.model import Capacity, Placement
 from autoscaler.sources.slurm_json import QueuedJob
 
 
@@ -54,20 +66,80 @@ class PartitionPlan:
 
 
 def wanted_partitions(
-    job: QueuedJob, placement: Placement, twins: Mapping[str, str]
+    job: QueuedJob,
+    placement: Placement,
+    twins: Mapping[str, str],
+    on_demand: Mapping[str, str] | None = None,
 ) -> tuple[str, ...] | None:
-    """The partitions a pending GPU job in a base partition should be in; None for a job placement
-    leaves alone (running, CPU-only, or in no base partition)."""
+    """The partitions a pending GPU job in a base partition should be in, in the order Slurm
+    should try them; None for a job placement leaves alone (running, CPU-only, or in no base
+    partition). ``twins`` maps each base to its spot twin, ``on_demand`` (when given) to its
+    on-demand twin."""
     if not job.pending or not job.asks_gpus:
         return None
     bases = [p for p in job.partitions if p in twins]
     if not bases:
         return None
-    if placement.allows_spot(job.checkpointable, job.high_priority):
+    allowed = placement.allows_spot(job.checkpointable, job.high_priority)
+    if on_demand:
+        tiers = placement.tiers(job.checkpointable, job.high_priority)
+        return _in_tier_order(job.partitions, bases, tiers, allowed, twins, on_demand)
+    if allowed:
         added = [twins[b] for b in bases]
         return tuple(dict.fromkeys([*job.partitions, *added]))
     spot = set(twins.values())
     return tuple(p for p in job.partitions if p not in spot)
+
+
+def _in_tier_order(
+    partitions: tuple[str, ...],
+    bases: list[str],
+    tiers: tuple[Capacity, ...],
+    allowed: bool,
+    twins: Mapping[str, str],
+    on_demand: Mapping[str, str],
+) -> tuple[str, ...]:
+    """The job's partitions with its bases and their twins written as one block, where its first
+    base was, in the order of its ``tiers`` over every base it lists (the bases themselves last when
+    a spot-safe job uses on-prem after the cloud, or never: a base stays in the list, since it is
+    what makes the job the controller's). Its other partitions keep their places; a spot twin of
+    a base it does not list is dropped for a job kept off spot."""
+    kinds = {Capacity.ONPREM: bases, Capacity.SPOT: [twins[b] for b in bases]}
+    kinds[Capacity.ON_DEMAND] = [on_demand[b] for b in bases]
+    block = [p for tier in tiers for p in kinds[tier]]
+    block += bases
+    placed = {*block, *kinds[Capacity.SPOT]}
+    spot = set(twins.values())
+    wanted: list[str] = []
+    for partition in partitions:
+        if partition == bases[0]:
+            wanted += block
+        elif partition not in placed and (allowed or partition not in spot):
+            wanted.append(partition)
+    return tuple(dict.fromkeys(wanted))
+
+
+def requeued_order(
+    partitions: tuple[str, ...],
+    placement: Placement,
+    twins: Mapping[str, str],
+    on_demand: Mapping[str, str],
+) -> tuple[str, ...] | None:
+    """The order a job's partitions should be in again after a requeue, or None when they are
+    in it: Slurm puts the partition a job ran in first in its list (so a job requeued off a
+    spot node would try spot before on-prem), and the job was judged by the tick that put it
+    in its spot twin, or it is in none. The set of partitions is kept; only the order changes."""
+    bases = [p for p in partitions if p in twins]
+    if not on_demand or not bases:
+        return None
+    if any(twins[b] in partitions for b in bases):
+        tiers = placement.tiers(True, False)
+    else:
+        tiers = (Capacity.ONPREM, Capacity.ON_DEMAND)
+    wanted = _in_tier_order(partitions, bases, tiers, True, twins, on_demand)
+    kept = set(partitions)
+    order = tuple(p for p in wanted if p in kept)
+    return order if order != partitions else None
 
 
 def partition_plan(
@@ -76,11 +148,14 @@ def partition_plan(
     twins: Mapping[str, str],
     most: int,
     skip: frozenset[str] = frozenset(),
+    on_demand: Mapping[str, str] | None = None,
 ) -> PartitionPlan:
-    """The changed jobs, protected ones first, grouped by their new partition list; at most
-    ``most`` jobs. Jobs in ``skip`` are left for the caller (it updates them another way)."""
+    """The changed jobs, jobs taken off spot first, grouped by their new partition list; at most
+    ``most`` jobs. Jobs in ``skip`` are left for the caller (it updates them another way). With
+    ``on_demand`` twins a job whose partitions are right but out of order changes too."""
     protect: dict[str, list[str]] = {}
     widen: dict[str, list[str]] = {}
+    spot = frozenset(twins.values())
     # A queue holds a few distinct partition lists: each list's answer is worked out once.
     answers: dict[tuple[tuple[str, ...], bool], tuple[dict[str, list[str]], str] | None] = {}
     for job in jobs:
@@ -91,10 +166,11 @@ def partition_plan(
         if key in answers:
             answer = answers[key]
         else:
-            wanted = wanted_partitions(job, placement, twins)
+            wanted = wanted_partitions(job, placement, twins, on_demand)
             answer = None
-            if wanted is not None and set(wanted) != set(job.partitions):
-                into = widen if len(wanted) > len(set(job.partitions)) else protect
+            if wanted is not None and _changes(wanted, job.partitions, bool(on_demand)):
+                leaves_spot = not spot.intersection(job.partitions) <= set(wanted)
+                into = protect if leaves_spot else widen
                 answer = (into, ",".join(wanted))
             answers[key] = answer
         if answer is not None:
@@ -110,6 +186,12 @@ def partition_plan(
             if taken:
                 updates.append(PartitionUpdate(partitions, tuple(taken)))
     return PartitionPlan(tuple(updates), deferred)
+
+
+def _changes(wanted: tuple[str, ...], partitions: tuple[str, ...], ordered: bool) -> bool:
+    """Whether the job must be updated: its list differs, or (without on-demand twins, where
+    the order is the node weights') its set of partitions does."""
+    return wanted != partitions if ordered else set(wanted) != set(partitions)
 
 
 class ForJob(StrEnum):
