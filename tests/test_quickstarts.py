@@ -320,6 +320,12 @@ def scales_up_and_down(
         drop_jobs()
         waiting(log, "every instance to be given back", lambda: not instances())
         waiting(log, "no pending GPUs", lambda: metric(port, "gpu_autoscaler_pending_gpus") == 0)
+    given_back = {
+        (e["action"], e.get("pool"))
+        for e in events(log)
+        if e.get("action") in ("drain", "terminate") and e.get("outcome") == "ok"
+    }
+    assert given_back == {(a, p) for a in ("drain", "terminate") for p in WANTED}, given_back
     assert "Traceback" not in log.read_text()
 
 
