@@ -581,6 +581,7 @@ def test_credential_failures_are_auth_errors_that_say_nothing_secret() -> None:
 
 
 def test_the_core_and_other_providers_import_without_azure_on_the_path() -> None:
+    """Importing needs no SDK; building the provider without it is one line naming the extra."""
     code = (
         "import sys\n"
         "class Block:\n"
@@ -591,11 +592,16 @@ def test_the_core_and_other_providers_import_without_azure_on_the_path() -> None
         "import autoscaler.tick.controller, autoscaler.app.assembly\n"
         "import providers.aws, providers.azure\n"
         "from providers.azure import AzureProvider\n"
-        "AzureProvider.from_config({'subscription_id': 's', 'resource_group': 'rg'}, [], 'f')\n"
+        "from autoscaler.model.errors import InputError\n"
         "print('imported')\n"
+        "try:\n"
+        "    AzureProvider.from_config({'subscription_id': 's', 'resource_group': 'rg'}, [], 'f')\n"
+        "except InputError as exc:\n"
+        "    print(exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr
+    assert "pip install 'hybrid-gpu-autoscaler[azure]'" in done.stdout
 
 
 def test_an_endpoint_changes_where_arm_is_never_how_we_authenticate(

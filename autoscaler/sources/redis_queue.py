@@ -36,6 +36,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from autoscaler.model import DemandGroup
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
+from autoscaler.model.optional import require_extra
 from autoscaler.model.secrets import read_secret_env
 from autoscaler.spi.job_shape import (
     BadShapeError,
@@ -115,6 +116,8 @@ class RedisQueueSource:
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> RedisQueueSource:
         parsed = validate_settings(RedisQueueSettings, dict(settings), field=f"sources.{name}")
+        # said at the start, not as a failing read on every tick
+        require_extra("the redis source", "redis", ("redis",), field=f"sources.{name}")
         return cls(parsed, name)
 
     def read(self, now: float) -> Sequence[DemandGroup]:

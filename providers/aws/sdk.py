@@ -1,6 +1,7 @@
 """The one module of ``providers.aws`` that imports boto3 and botocore, and only inside its
 functions: the controller, the other providers and this provider's other modules import
-without the ``aws`` extra installed.
+without the ``aws`` extra installed. Building the provider without it is one line naming the
+extra (``require_sdk``), not ``No module named 'boto3'`` at the first call.
 
 * ``client`` makes one boto3 client, with botocore's own retries bounded by the caller (the
   provider turns them off, so the controller's retry policy is the only one);
@@ -18,9 +19,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autoscaler.model.optional import require_extra
 from providers.aws.settings import AwsSettings
 
 USER_AGENT = "hybrid-gpu-autoscaler"
+SDK_MODULES = ("boto3", "botocore")
+
+
+def require_sdk() -> None:
+    """The provider is being built: without boto3 every call would fail, so say so now."""
+    require_extra("the aws provider", "aws", SDK_MODULES)
 
 
 def client(
@@ -57,6 +65,7 @@ class Clients:
     session (``session``: a test's, else the default chain's)."""
 
     def __init__(self, settings: AwsSettings, session: Any = None) -> None:
+        require_sdk()
         self.settings = settings
         self._session = session
         self._clients: dict[tuple[str, str], Any] = {}

@@ -1,6 +1,7 @@
 """The one module of ``providers.azure`` that imports azure-mgmt-compute, azure-identity and
 azure-core, and only inside its functions: the controller, the other providers and this
-provider's other modules import without the ``azure`` extra installed.
+provider's other modules import without the ``azure`` extra installed. Building the provider
+without it is one line naming the extra (``require_sdk``), not a failing call on every tick.
 
 * ``ArmClient`` makes the ``ComputeManagementClient`` on first use, with the SDK's own retries
   off (the controller's bounded retry policy is the only one) and the timeouts and polling
@@ -20,13 +21,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autoscaler.model.optional import require_extra
 from providers.azure.settings import AzureSettings
 
 USER_AGENT = "hybrid-gpu-autoscaler"
+SDK_MODULES = ("azure.mgmt.compute", "azure.identity", "azure.core")
+
+
+def require_sdk() -> None:
+    """The provider is being built: without the SDK every call would fail, so say so now."""
+    require_extra("the azure provider", "azure", SDK_MODULES)
 
 
 class ArmClient:
     def __init__(self, settings: AzureSettings) -> None:
+        require_sdk()
         self.settings = settings
         self._client: Any = None
         self._lock = threading.Lock()

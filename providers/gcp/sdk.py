@@ -1,6 +1,7 @@
 """The one module of ``providers.gcp`` that imports google-cloud-compute, google-api-core and
 google-auth, and only inside its functions: the controller, the other providers and this
-provider's other modules import without the ``gcp`` extra installed.
+provider's other modules import without the ``gcp`` extra installed. Building the provider
+without it is one line naming the extra (``require_sdk``), not a failing call on every tick.
 
 * ``ComputeClients`` makes the Compute Engine clients a provider uses, on first use, all with the
   same credentials and options: REST transport, the endpoint override when one is set. Every call
@@ -20,13 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autoscaler.model.optional import require_extra
 from providers.gcp.settings import GcpSettings
 
 SCOPE = "https://www.googleapis.com/auth/compute"
+SDK_MODULES = ("google.cloud.compute_v1", "google.auth", "google.api_core")
+
+
+def require_sdk() -> None:
+    """The provider is being built: without the SDK every call would fail, so say so now."""
+    require_extra("the gcp provider", "gcp", SDK_MODULES)
 
 
 class ComputeClients:
     def __init__(self, settings: GcpSettings) -> None:
+        require_sdk()
         self.settings = settings
         self._lock = threading.Lock()
         self._clients: tuple[Any, Any] | None = None
