@@ -278,7 +278,10 @@ def run_agent(options: AgentOptions) -> int:
     try:
         server = GpuMetricsServer(hostname, options.listen_host, options.listen_port)
     except ExporterError as exc:
-        raise InputError("--listen", str(exc)) from None
+        # 9400 is dcgm-exporter's port too: a node that runs one already has it taken
+        raise InputError(
+            "--listen", f"{exc}; stop what listens there (a dcgm-exporter?) or choose another"
+        ) from None
     server.registry.register(_RegistryBridge(metrics.registry))
     stop = _stop_on_signals()
     server.start()

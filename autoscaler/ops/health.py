@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from autoscaler.model.errors import InputError
 from autoscaler.model.wsgi import Serving, bind, text
 
 STALE_AFTER_TICKS = 3.0
@@ -65,12 +66,21 @@ class Readiness:
 
 
 class StatusServer:
-    """Serves the three endpoints from a daemon thread for as long as the run loop runs."""
+    """Serves the three endpoints from a daemon thread for as long as the run loop runs.
+
+    ``run`` checks at start that the port is free (``check_listen``); one taken between that
+    check and ``start`` is still the setting's one line (exit 2), not a traceback."""
 
     def __init__(
-        self, registry: CollectorRegistry, readiness: Readiness, host: str, port: int
+        self,
+        registry: CollectorRegistry,
+        readiness: Readiness,
+        host: str,
+        port: int,
+        setting: str = "metrics.listen",
     ) -> None:
         self.host = host
+        self.setting = setting
         self.requested_port = port
         self.port = port
         self.readiness = readiness
@@ -78,7 +88,15 @@ class StatusServer:
         self._serving: Serving | None = None
 
     def start(self, wakeup: Callable[[], None] | None = None) -> None:
-        self._serving = Serving(bind(self.host, self.requested_port, self._route), "status")
+        try:
+            server = bind(self.host, self.requested_port, self._route)
+        except OSError as exc:
+            raise InputError(
+                self.setting,
+                f"cannot listen on {self.host}:{self.requested_port}: {exc.strerror or exc}; "
+                "stop what listens there or choose another port",
+            ) from None
+        self._serving = Serving(server, "status")
         self.port = self._serving.port
         self._serving.start()
 
