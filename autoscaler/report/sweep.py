@@ -24,12 +24,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from autoscaler.model.errors import InputError, describe
 from autoscaler.model.progress import Progress, duration
 from autoscaler.report.build import policy_result
+from autoscaler.report.model import PolicyResult
 from autoscaler.report.suite import (
     ScenarioResult,
     SuiteReport,
@@ -39,7 +40,7 @@ from autoscaler.report.suite import (
     scenario_result,
 )
 from autoscaler.report.sweep_grid import LoadedSweep
-from autoscaler.sim.engine import Prepared, SimResult, prepare, simulate
+from autoscaler.sim.engine import Prepared, Timeline, prepare, simulate
 from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.scenario import PolicySpec
 
@@ -71,7 +72,7 @@ class Failure:
 @dataclass(frozen=True)
 class Outcome:
     task: Task
-    replay: SimResult | None = None
+    policy: PolicyResult | None = None
     bound: LowerBoundResult | None = None
     cpu_s: float = 0.0
     wall_s: float = 0.0
@@ -80,9 +81,15 @@ class Outcome:
 
 def execute(task: Task, prepared: Prepared) -> Outcome:
     """Run one task where it was sent. CPU time is this process's own: on a busy machine, wall
-    time says little of what a run costs."""
+    time says little of what a run costs.
+
+    A replay comes back as the report's ``PolicyResult`` without its timeline: the comparison
+    shows none, and the per-tick series are nearly all of a replay's result (1 MB of a ten-day
+    replay against 2 kB), which the driver would hold for every run of the sweep. The lower
+    bound's ratios in it are left empty for the same reason: the suite's rows take the ratio
+    from the scenario's bound, not from there."""
     cpu, began = time.process_time(), time.perf_counter()
-    replay: SimResult | None = None
+    policy: PolicyResult | None = None
     bound: LowerBoundResult | None = None
     try:
         if task.spec is None:
@@ -93,6 +100,7 @@ def execute(task: Task, prepared: Prepared) -> Outcome:
             )
         else:
             replay = simulate(prepared, task.spec, task.index)
+            policy = policy_result(replace(replay, timeline=Timeline()), prepared, [])
     except InputError as exc:
         failure = Failure(True, exc.where, exc.message, exc.field, traceback.format_exc())
         return Outcome(task, failure=failure)
@@ -100,7 +108,7 @@ def execute(task: Task, prepared: Prepared) -> Outcome:
         failure = Failure(False, "", describe(exc), None, traceback.format_exc())
         return Outcome(task, failure=failure)
     return Outcome(
-        task, replay, bound, time.process_time() - cpu, time.perf_counter() - began, None
+        task, policy, bound, time.process_time() - cpu, time.perf_counter() - began, None
     )
 
 
@@ -243,8 +251,8 @@ def _title(sweep: LoadedSweep, task: Task) -> str:
 
 def _finished_line(sweep: LoadedSweep, outcome: Outcome, count: int, total: int) -> str:
     task = outcome.task
-    if outcome.replay is not None:
-        what = f"${outcome.replay.cost:,.2f}"
+    if outcome.policy is not None:
+        what = f"${outcome.policy.cost:,.2f}"
     elif outcome.bound is not None and outcome.bound.cost is not None:
         what = f"${outcome.bound.cost:,.2f} at a {outcome.bound.max_wait_s:g} s wait"
     else:
@@ -327,9 +335,8 @@ def _scenario(
     sweep's order."""
     found = outcomes.get((s, BOUND))
     bound = found.bound if found is not None else None
-    bounds = [bound] if bound is not None else []
     replays = [outcomes[(s, index)] for index, _spec in sweep.policies[s]]
-    policies = [policy_result(o.replay, prepared, bounds) for o in replays if o.replay is not None]
+    policies = [o.policy for o in replays if o.policy is not None]
     return scenario_result(
         sweep.scenarios[s],
         prepared,
