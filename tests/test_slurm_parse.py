@@ -349,6 +349,7 @@ def test_groups_hold_every_pending_gpu_whatever_the_order(
     specs: list[dict[str, Any]], random: Any
 ) -> None:
     jobs = [_spec_job(i + 1, spec) for i, spec in enumerate(specs)]
+    submitted = {str(i + 1): float(spec["submit"]) for i, spec in enumerate(specs)}
     for rules in (RULES, FEATURE_RULES):
         groups = demand_groups(_document(*jobs), rules)
 
@@ -362,8 +363,15 @@ def test_groups_hold_every_pending_gpu_whatever_the_order(
         ]
         for folded, listed in zip(groups, one_by_one, strict=True):
             assert 1 <= len(folded.oldest_jobs) <= 8 and 1 <= len(listed.oldest_jobs) <= 8
-            assert listed.oldest_jobs[0].split("_")[0] == folded.oldest_jobs[0]
-            assert {j.split("_")[0] for j in listed.oldest_jobs} <= set(folded.oldest_jobs)
+            # the same longest wait is named first, and names come oldest first
+            first = [
+                submitted[listed.oldest_jobs[0].split("_")[0]],
+                submitted[folded.oldest_jobs[0]],
+            ]
+            assert first[0] == first[1] == folded.oldest_submit_time
+            for names in (listed.oldest_jobs, folded.oldest_jobs):
+                waits = [submitted[name.split("_")[0]] for name in names]
+                assert waits == sorted(waits)
         for group in groups:
             assert DemandGroup.model_validate(group.model_dump()) == group
             assert group.gpus_per_node * group.nodes == group.gpus_per_job

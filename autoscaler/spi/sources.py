@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -221,17 +220,14 @@ NAMED_PENDING = 8
 
 class OldestJobs:
     """The ids of a group's ``NAMED_PENDING`` longest-waiting jobs, kept as jobs are offered
-    one by one. Ties in submit time go to the job id that sorts first naturally (``9`` before
-    ``10``, a record before its tasks ``9_1``), so the names do not depend on the order the
-    scheduler listed the jobs in; a job later than every kept one costs a comparison, so
-    100,000 jobs stay cheap."""
+    one by one. Ties in submit time go to the smaller id (as strings), so the names do not
+    depend on the order the scheduler listed the jobs in; a job later than every kept one costs
+    a comparison, so 100,000 jobs stay cheap."""
 
     __slots__ = ("_bound", "_kept")
 
     def __init__(self, submitted: float, job_id: str) -> None:
-        self._kept: list[tuple[float, tuple[object, ...], str]] = [
-            (submitted, _natural(job_id), job_id)
-        ]
+        self._kept: list[tuple[float, str]] = [(submitted, job_id)]
         self._bound = math.inf
 
     def offer(self, submitted: float, job_id: str) -> float:
@@ -240,7 +236,7 @@ class OldestJobs:
         if submitted > self._bound:
             return self._bound
         kept = self._kept
-        kept.append((submitted, _natural(job_id), job_id))
+        kept.append((submitted, job_id))
         if len(kept) >= 4 * NAMED_PENDING:
             kept.sort()
             del kept[NAMED_PENDING:]
@@ -252,17 +248,7 @@ class OldestJobs:
         return min(self._kept)[0]
 
     def ids(self) -> tuple[str, ...]:
-        return tuple(job_id for _, _, job_id in sorted(self._kept)[:NAMED_PENDING])
-
-
-def _natural(job_id: str) -> tuple[object, ...]:
-    """A sort key that orders runs of digits by value: text and digit runs alternate, and a
-    digit run compares by length, then digits (no int(): an id may be thousands of digits)."""
-    parts = _DIGIT_RUNS.split(job_id)
-    return tuple(part if i % 2 == 0 else (len(part), part) for i, part in enumerate(parts))
-
-
-_DIGIT_RUNS = re.compile(r"(\d+)")
+        return tuple(job_id for _, job_id in sorted(self._kept)[:NAMED_PENDING])
 
 
 def groups_from_counts(
