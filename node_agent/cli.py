@@ -119,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "interruption notices read on the node, forwarded to the controller.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    from autoscaler.model.version import VersionAction
+
+    parser.add_argument("--version", action=VersionAction)
     add_arguments(parser)
     args = parser.parse_args(argv)
     from autoscaler.model.exits import run_command
