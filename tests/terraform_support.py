@@ -78,6 +78,11 @@ IMPLIED: dict[str, dict[str, str]] = {
         "compute.disks.create": "the boot disk is created with the VM (initializeParams)",
         "compute.images.useReadOnly": "the boot disk's image, when it is in the project",
         "compute.subnetworks.use": "the network interface joins the pool's subnetwork",
+        "compute.instances.setMetadata": "the VM is created with its pool's boot script and "
+        "metadata items (startup_script, user_data or the join script; metadata)",
+        "compute.instances.setServiceAccount": "the VM is created with its pool's service_account",
+        "iam.serviceAccounts.actAs": "a VM that runs as a service account is launched acting "
+        "as that account (granted on the nodes' accounts alone)",
     },
     "compute.resourcePolicies.get": {
         "compute.resourcePolicies.use": "a gang's VMs are created under the pool's compact "
@@ -191,8 +196,13 @@ def aws_granted(module: Mapping[str, list[Any]]) -> set[str]:
 
 
 def gcp_granted(module: Mapping[str, list[Any]]) -> set[str]:
-    role = blocks(module, "resource", "google_project_iam_custom_role")["controller"]
-    return set(resolve_local(module, role["permissions"]))
+    """Every custom role's permissions: the controller's, and the one it holds on the nodes'
+    service accounts (made only when some are given, and counted as granted, as a dynamic AWS
+    statement is)."""
+    granted: set[str] = set()
+    for role in blocks(module, "resource", "google_project_iam_custom_role").values():
+        granted.update(resolve_local(module, role["permissions"]))
+    return granted
 
 
 def azure_granted(module: Mapping[str, list[Any]]) -> set[str]:
@@ -409,10 +419,10 @@ def gcp_calls() -> Calls:
                     and node.value.func.attr in classes
                 ):
                     continue
-                made = classes[node.value.func.attr]
+                clients = classes[node.value.func.attr]
                 for position, element in enumerate(node.targets[0].elts):
                     if isinstance(element, ast.Name) and element.id != "_":
-                        local[element.id] = made[position]
+                        local[element.id] = clients[position]
             for node in ast.walk(function):
                 if not (
                     isinstance(node, ast.Attribute)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import hcl2
 import pytest
 from terraform_support import (
+    IMPLIED,
     PARSE,
     TERRAFORM,
     Calls,
@@ -134,7 +136,11 @@ def _grant_lists(cloud: str, module: Module) -> list[list[str]]:
         for dynamic in document.get("dynamic", []):
             found += [c["actions"] for c in dynamic["statement"]["content"]]
         return found
-    names = ("permissions",) if cloud == "gcp" else ("controller_actions", "subnet_actions")
+    names = (
+        ("permissions", "act_as_permissions")
+        if cloud == "gcp"
+        else ("controller_actions", "subnet_actions")
+    )
     return [locals_of(module)[name] for name in names]
 
 
@@ -144,7 +150,9 @@ def _grant_lists(cloud: str, module: Module) -> list[list[str]]:
         ("aws", "ec2:TerminateInstances", "ec2:DeleteVolume"),
         ("aws", "sqs:DeleteMessage", "sqs:PurgeQueue"),
         ("aws", "ec2:CreateTags", "ec2:DeleteTags"),
-        ("gcp", "compute.instances.delete", "compute.instances.setMetadata"),
+        ("gcp", "compute.instances.delete", "compute.instances.setTags"),
+        ("gcp", "compute.instances.setMetadata", "compute.instances.setMachineType"),
+        ("gcp", "iam.serviceAccounts.actAs", "iam.serviceAccounts.getAccessToken"),
         ("gcp", "compute.disks.create", "compute.disks.delete"),
         ("azure", "Microsoft.Compute/virtualMachines/delete", "Microsoft.Compute/disks/read"),
         ("azure", "Microsoft.Network/virtualNetworks/subnets/join/action", "*"),
@@ -559,40 +567,76 @@ def _gcp_quickstart_needs() -> dict[str, str]:
     return needs
 
 
-def test_the_gcp_quickstart_grants_exactly_what_its_pools_options_need(
-    modules: dict[str, Module],
-) -> None:
-    """The module grants what the code calls; the quickstart adds, in roles of its own, exactly
-    what its pools' options make a VM insert need beyond that (metadata and the nodes' service
-    account), the right to act as an account on the nodes' account alone."""
+def test_the_field_table_is_what_the_grant_check_implies_for_an_insert() -> None:
+    """The permissions a VM body's fields need are the ones IMPLIED expects beside
+    compute.instances.create, so the module grants what every field the provider may send needs."""
+    fields = set().union(*GCP_FIELD_PERMISSIONS.values())
+    assert fields == set(IMPLIED["compute.instances.create"])
+
+
+def test_the_gcp_quickstart_grants_nothing_besides_the_module(modules: dict[str, Module]) -> None:
+    """The module grants what the code calls, the pools' metadata and service account included,
+    and acting as the accounts it is given; the quickstart hands it the nodes' account and
+    grants nothing itself. The VM bodies the provider builds from the quickstart's configs need
+    nothing the module does not grant."""
     quickstart = modules[QUICKSTARTS["gcp"]]
-    module = gcp_granted(modules["gcp"])
-    roles = blocks(quickstart, "resource", "google_project_iam_custom_role")
-    boot = set(resolve_local(quickstart, roles["boot"]["permissions"]))
-    act_as = set(resolve_local(quickstart, roles["act_as_node"]["permissions"]))
+    granted = gcp_granted(modules["gcp"])
     needs = _gcp_quickstart_needs()
-
-    missing = set(needs) - module - boot - act_as
+    missing = set(needs) - granted
     assert not missing, {p: needs[p] for p in missing}
-    assert boot | act_as == set(needs) - module, "granted beyond what the options need"
-    assert not (boot | act_as) & module, "granted twice: the module grants it now"
-    assert act_as == {"iam.serviceAccounts.actAs"}
+    assert {"compute.instances.setMetadata", "iam.serviceAccounts.actAs"} <= set(needs)
 
-    member = "${local.controller_member}"
-    assert locals_of(quickstart)["controller_member"] == (
-        "serviceAccount:${module.gcp.service_account_email}"
-    )
-    project_binding = blocks(quickstart, "resource", "google_project_iam_member")["boot"]
-    assert project_binding["role"] == "${google_project_iam_custom_role.boot.id}"
-    assert project_binding["member"] == member
-    # acting as an account: only as the nodes' account, the one the configs name
-    (binding,) = blocks(quickstart, "resource", "google_service_account_iam_member").values()
-    assert binding["service_account_id"] == "${google_service_account.node.name}"
-    assert binding["role"] == "${google_project_iam_custom_role.act_as_node.id}"
-    assert binding["member"] == member
-    assert not blocks(quickstart, "resource", "google_project_iam_binding")
+    call = named(quickstart, "module")["gcp"]
+    assert call["node_service_accounts"] == ["${google_service_account.node.email}"]
     values = locals_of(quickstart)["config_values"]
     assert values["node_service_account"] == "${google_service_account.node.email}"
+    resources = {t for block in quickstart["resource"] for t in block}
+    grants = {
+        "google_project_iam_custom_role",
+        "google_project_iam_member",
+        "google_project_iam_binding",
+        "google_service_account_iam_member",
+        "google_service_account_iam_binding",
+    }
+    assert not grants & resources, (
+        "the quickstart grants nothing besides the module: the grant check covers it all"
+    )
+
+
+def test_gcp_act_as_is_granted_on_the_nodes_accounts_only(modules: dict[str, Module]) -> None:
+    """Acting as a service account is never project-wide (that would be acting as any account
+    of the project): a role of its own, bound on each of node_service_accounts, and made only
+    when some are given."""
+    gcp = modules["gcp"]
+    act_as = "iam.serviceAccounts.actAs"
+    assert act_as not in locals_of(gcp)["permissions"]
+    roles = blocks(gcp, "resource", "google_project_iam_custom_role")
+    assert resolve_local(gcp, roles["act_as_nodes"]["permissions"]) == [act_as]
+    assert roles["act_as_nodes"]["count"] == "${length(var.node_service_accounts) > 0 ? 1 : 0}"
+    (project_binding,) = blocks(gcp, "resource", "google_project_iam_member").values()
+    assert project_binding["role"] == "${google_project_iam_custom_role.controller.id}"
+    binding = blocks(gcp, "resource", "google_service_account_iam_member")["act_as_nodes"]
+    assert binding["count"] == "${length(var.node_service_accounts)}"
+    assert binding["service_account_id"] == (
+        "projects/-/serviceAccounts/${var.node_service_accounts[count.index]}"
+    )
+    assert binding["role"] == "${google_project_iam_custom_role.act_as_nodes[0].id}"
+    assert binding["member"] == "serviceAccount:${google_service_account.controller.email}"
+
+    # the variable takes service accounts' emails and nothing else
+    variable = named(gcp, "variable")["node_service_accounts"]
+    assert variable["default"] == []
+    (check,) = variable["validation"]
+    pattern = re.search(r'regex\("(.+?)", e\)', check["condition"])
+    assert pattern is not None, check["condition"]
+    email = re.compile(pattern.group(1).replace("\\\\", "\\"))
+    for good in (
+        "gpu-autoscaler-node@my-gpu-project.iam.gserviceaccount.com",
+        "123456789012-compute@developer.gserviceaccount.com",
+    ):
+        assert email.search(good), good
+    for bad in ("gpu-autoscaler-node", "someone@example.com", "user:me@my-gpu-project.iam"):
+        assert not email.search(bad), bad
 
 
 def test_the_azure_quickstart_scopes_the_identity_to_its_own_group_and_subnet(

@@ -40,6 +40,28 @@ variable "role_id" {
   }
 }
 
+variable "node_service_accounts" {
+  description = "The service accounts the GPU VMs run as (the pools' service_account option, by email). The controller may act as these alone (iam.serviceAccounts.actAs, in a role of its own bound on each account). Empty: the pools set no service_account."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for e in var.node_service_accounts : can(regex("^[a-z0-9][a-z0-9-]*@[a-z0-9][a-z0-9.-]*\\.gserviceaccount\\.com$", e))])
+    error_message = "each node_service_accounts entry must be a service account's email (NAME@PROJECT.iam.gserviceaccount.com, or PROJECT_NUMBER-compute@developer.gserviceaccount.com for the default one)."
+  }
+}
+
+variable "act_as_role_id" {
+  description = "The id of the custom role holding iam.serviceAccounts.actAs, made only when node_service_accounts is not empty."
+  type        = string
+  default     = "gpuAutoscalerActAsNodes"
+
+  validation {
+    condition     = can(regex("^[a-zA-Z0-9_.]{3,64}$", var.act_as_role_id))
+    error_message = "act_as_role_id must be 3-64 letters, digits, _ or ."
+  }
+}
+
 variable "workload_identity" {
   description = "GKE Workload Identity: the controller's Kubernetes service account as NAMESPACE/NAME, allowed to act as the service account. Null: no binding (use the service account another way, e.g. as a VM's)."
   type        = string

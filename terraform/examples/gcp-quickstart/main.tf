@@ -1,7 +1,7 @@
 # gpu-autoscaler on GCP alone (docs/quickstart-gcp.md): the APIs an empty project lacks, the
-# controller's service account and role (../../gcp) plus what the pools' options add to it, the
-# GPU VMs' own service account, and a network for both. The controller config is rendered from
-# the outputs, once for a Redis work queue and once for Slurm (docs/quickstart-slurm.md).
+# GPU VMs' own service account, the controller's service account and role (../../gcp) with the
+# right to act as the nodes' account, and a network for both. The controller config is rendered
+# from the outputs, once for a Redis work queue and once for Slurm (docs/quickstart-slurm.md).
 
 # Compute Engine and IAM for everything here; IAP for SSH to the controller's VM, which has no
 # external address.
@@ -10,14 +10,6 @@ resource "google_project_service" "apis" {
   project            = var.project
   service            = each.value
   disable_on_destroy = false
-}
-
-# The controller: a service account with a custom role holding what providers/gcp/ calls.
-module "gcp" {
-  source     = "../../gcp"
-  project    = var.project
-  fleet_id   = var.fleet_id
-  depends_on = [google_project_service.apis]
 }
 
 # The GPU VMs run as this account (the pools' service_account option). It holds no role here:
@@ -30,44 +22,15 @@ resource "google_service_account" "node" {
   depends_on   = [google_project_service.apis]
 }
 
-locals {
-  # What creating the pools' VMs needs besides ../../gcp's role: their metadata (the boot
-  # script, install-nvidia-driver) and their service account. Acting as the nodes' account is
-  # granted on that account alone.
-  boot_permissions = [
-    "compute.instances.setMetadata",
-    "compute.instances.setServiceAccount",
-  ]
-  act_as_permissions = ["iam.serviceAccounts.actAs"]
-  controller_member  = "serviceAccount:${module.gcp.service_account_email}"
-}
-
-resource "google_project_iam_custom_role" "boot" {
-  project     = var.project
-  role_id     = "gpuAutoscalerNodeBoot"
-  title       = "gpu-autoscaler node boot"
-  description = "Create gpu-autoscaler's VMs with metadata and a service account (fleet ${var.fleet_id})."
-  permissions = local.boot_permissions
-}
-
-resource "google_project_iam_member" "boot" {
-  project = var.project
-  role    = google_project_iam_custom_role.boot.id
-  member  = local.controller_member
-}
-
-resource "google_project_iam_custom_role" "act_as_node" {
-  project     = var.project
-  role_id     = "gpuAutoscalerActAsNode"
-  title       = "gpu-autoscaler act as the nodes' account"
-  description = "Launch VMs that run as the GPU nodes' service account (fleet ${var.fleet_id})."
-  permissions = local.act_as_permissions
-}
-
-resource "google_service_account_iam_member" "act_as_node" {
-  service_account_id = google_service_account.node.name
-  role               = google_project_iam_custom_role.act_as_node.id
-  member             = local.controller_member
+# The controller: a service account with a custom role holding what providers/gcp/ calls, the
+# pools' metadata and service account included, and the right to act as the nodes' account on
+# that account alone.
+module "gcp" {
+  source                = "../../gcp"
+  project               = var.project
+  fleet_id              = var.fleet_id
+  node_service_accounts = [google_service_account.node.email]
+  depends_on            = [google_project_service.apis]
 }
 
 # A network of the fleet's own (an empty project may have no default network). The VMs get no

@@ -24,6 +24,6 @@ output "subnetwork" {
 }
 
 output "controller_permissions" {
-  description = "Every permission the controller's service account holds in the project, from both custom roles."
-  value       = concat(module.gcp.permissions, google_project_iam_custom_role.boot.permissions)
+  description = "Every permission the controller's service account holds in the project (its custom role); it may act as node_service_account besides, on that account alone."
+  value       = module.gcp.permissions
 }
