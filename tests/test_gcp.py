@@ -413,7 +413,7 @@ def latest_history_prices(region: str, instance_type: str) -> tuple[float, float
 def test_prices_from_the_shipped_history_need_no_api_call(gcp: ComputeEmulator) -> None:
     spot_pool = gcp_pool()
     big = gcp_pool("a2-8-od", market="on-demand", instance_type="a2-highgpu-8g", gpus=8)
-    unknown = gcp_pool("g2", instance_type="g2-standard-4")
+    unknown = gcp_pool("n2", instance_type="n2-standard-8")  # in neither history nor catalog
     quotes = {
         q.pool: q
         for q in provider(gcp, [spot_pool, big, unknown]).prices([spot_pool, big, unknown])
