@@ -6,8 +6,14 @@ controller, Prometheus and existing Grafana dashboards read our agent and a dcgm
 already run the same way. Readings are taken at scrape time by a custom collector, so a scrape
 always sees the GPUs as they are, never a cached copy.
 
-A node without a usable NVML still serves: ``up 0`` and ``gpu_agent_info`` with the reason, and
-no DCGM series, so a scraper tells "no GPU here" apart from "agent down".
+A node without a usable NVML still serves: ``gpu_autoscaler_agent_nvml_up 0`` and
+``gpu_autoscaler_agent_info`` with the reason, and no DCGM series, so a scraper tells "no GPU
+here" apart from "agent down".
+
+The agent's own series all start ``gpu_autoscaler_agent_`` (``NAMESPACE``), as its notice
+metrics do; it serves no bare ``up``, a name Prometheus writes itself for every target it scrapes
+(an exporter's ``up`` would clash with it). dcgm-exporter's ``DCGM_*`` names stay as they are:
+they are what makes the agent and a dcgm-exporter read alike.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from autoscaler.model.version import package_version
 from autoscaler.model.wsgi import App, Serving, bind, text
 from node_agent.gpus import GpuReader, GpuReading
 
 log = logging.getLogger(__name__)
+
+NAMESPACE = "gpu_autoscaler_agent"
+NVML_UP = f"{NAMESPACE}_nvml_up"
 
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
 
@@ -48,7 +58,7 @@ DCGM_FIELDS: tuple[Field, ...] = (
 )
 AGENT_FIELDS: tuple[Field, ...] = (
     (
-        "gpu_agent_compute_processes",
+        f"{NAMESPACE}_compute_processes",
         "Compute processes running on the GPU (NVML; not a dcgm-exporter field).",
         lambda r: None if r.compute_processes is None else float(r.compute_processes),
     ),
@@ -62,21 +72,24 @@ class ExporterError(RuntimeError):
 class GpuCollector(Collector):
     """Reads NVML on every scrape and emits dcgm-exporter's series for each GPU that answers."""
 
-    def __init__(self, reader: GpuReader, hostname: str) -> None:
+    def __init__(self, reader: GpuReader, hostname: str, version: str | None = None) -> None:
         self.reader = reader
         self.hostname = hostname
+        self.version = version if version is not None else package_version()
 
     def collect(self) -> Iterator[Metric]:
         available = self.reader.available
         yield GaugeMetricFamily(
-            "up",
-            "1 when NVML answers on this node, 0 when it cannot start (see gpu_agent_info).",
+            NVML_UP,
+            f"1 when NVML answers on this node, 0 when it cannot start (see {NAMESPACE}_info).",
             value=1.0 if available else 0.0,
         )
         yield InfoMetricFamily(
-            "gpu_agent",
-            "The node agent: its host, NVIDIA driver, and why NVML is unavailable if it is.",
+            NAMESPACE,
+            "The node agent: its version, host, NVIDIA driver, and why NVML is unavailable if it "
+            "is.",
             value={
+                "version": self.version,
                 "Hostname": self.hostname,
                 "driver_version": self.reader.driver_version,
                 "reason": self.reader.reason or "",
@@ -86,10 +99,10 @@ class GpuCollector(Collector):
             return
         readings = self.reader.read()
         yield GaugeMetricFamily(
-            "gpu_agent_gpus", "GPUs NVML lists on this node.", value=self.reader.gpu_count
+            f"{NAMESPACE}_gpus", "GPUs NVML lists on this node.", value=self.reader.gpu_count
         )
         yield GaugeMetricFamily(
-            "gpu_agent_gpus_lost",
+            f"{NAMESPACE}_gpus_lost",
             "GPUs that do not answer NVML now (fallen off the bus); left out of the series.",
             value=self.reader.lost_count,
         )
@@ -152,10 +165,11 @@ class GpuMetricsServer:
             )
         else:
             log.warning(
-                "no GPU metrics on this node: %s; %s:%d/metrics serves up 0",
+                "no GPU metrics on this node: %s; %s:%d/metrics serves %s 0",
                 self.reason,
                 host,
                 self.port,
+                NVML_UP,
             )
 
     def start(self) -> None:

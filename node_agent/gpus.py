@@ -2,9 +2,10 @@
 
 NVML is started once per agent. A node without a GPU or driver is normal (a CPU node, a broken
 driver after an upgrade): the reader then says why in one line and reads nothing, so the agent
-keeps serving ``up 0`` instead of dying. A field a GPU does not support, or that the agent may not
-read, is left out for that GPU; a GPU that fell off the bus is left out of the collection (and
-logged once) while the others are still read, so one broken card never blinds the node.
+keeps serving ``gpu_autoscaler_agent_nvml_up 0`` instead of dying. A field a GPU does not
+support, or that the agent may not read, is left out for that GPU; a GPU that fell off the bus is
+left out of the collection (and logged once) while the others are still read, so one broken card
+never blinds the node.
 
 The last XID per GPU (dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``) comes from NVML's event API,
 waited on by a daemon thread, since XIDs are events rather than values NVML can be asked for.

@@ -23,7 +23,8 @@ from autoscaler.model import NoticeKind
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_HERE = Path("/dev/nvidiactl").exists()
-"""CI has no GPU, where the agent must serve ``up 0``; on a GPU machine it serves ``up 1``."""
+"""CI has no GPU, where the agent must serve ``gpu_autoscaler_agent_nvml_up 0``; on a GPU machine
+it serves 1."""
 
 
 class AgentProcess:
@@ -83,7 +84,7 @@ def started() -> Iterator[list[AgentProcess]]:
         process.stop()
 
 
-def test_the_agent_forwards_an_aws_notice_serves_up_0_and_stops_on_sigterm(
+def test_the_agent_forwards_an_aws_notice_serves_nvml_up_0_and_stops_on_sigterm(
     started: list[AgentProcess],
     aws_imds: FakeImds,
     controller_inbox: ControllerInbox,
@@ -106,7 +107,9 @@ def test_the_agent_forwards_an_aws_notice_serves_up_0_and_stops_on_sigterm(
         agent.wait_for_line(r"no GPU")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         exposition = response.read().decode()
-    assert re.search(rf"^up {1.0 if GPU_HERE else 0.0}$", exposition, re.MULTILINE)
+    nvml_up = rf"^gpu_autoscaler_agent_nvml_up {1.0 if GPU_HERE else 0.0}$"
+    assert re.search(nvml_up, exposition, re.MULTILINE)
+    assert not re.search(r"^up[ {]", exposition, re.MULTILINE), "Prometheus writes up itself"
     assert 'Hostname="i-0123456789abcdef0"' in exposition
 
     deadline = float(int(time.time()) + 120)

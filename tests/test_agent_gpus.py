@@ -24,9 +24,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from autoscaler.model.clock import ManualClock
+from autoscaler.sources.scrape import ScrapeSettings, ScrapeTelemetrySource
 from node_agent.exporter import (
     DCGM_FIELDS,
     LABELS,
+    NAMESPACE,
+    NVML_UP,
     ExporterError,
     GpuCollector,
     GpuMetricsServer,
@@ -34,6 +38,8 @@ from node_agent.exporter import (
 from node_agent.gpus import MIB, GpuReader
 
 HOST = "gpu-node-01"
+SAMPLE_VERSION = "0.1.0"
+"""The agent version the saved sample shows, fixed so that a release does not make it stale."""
 DATA = Path(__file__).parent / "data" / "dcgm"
 AGENT_SAMPLE = DATA / "agent-fake-2gpu.txt"
 DCGM_SAMPLE = DATA / "dcgm-exporter-sample.txt"
@@ -95,8 +101,8 @@ def test_metrics_carry_dcgm_names_labels_and_converted_values(
     families = scrape(server.port)
 
     assert server.available and server.reason is None and server.port > 0
-    assert families["up"][0].value == 1
-    assert families["gpu_agent_gpus"][0].value == 8
+    assert families[NVML_UP][0].value == 1
+    assert families["gpu_autoscaler_agent_gpus"][0].value == 8
     util = by_gpu(families, "DCGM_FI_DEV_GPU_UTIL")
     assert sorted(util, key=int) == [str(i) for i in range(8)]
     assert util["0"].labels == {
@@ -119,7 +125,7 @@ def test_metrics_carry_dcgm_names_labels_and_converted_values(
         "DCGM_FI_DEV_FB_FREE": 81559 - 30_001,
         "DCGM_FI_DEV_FB_USED": 30_000,
     }
-    assert by_gpu(families, "gpu_agent_compute_processes")["0"].value == 3
+    assert by_gpu(families, "gpu_autoscaler_agent_compute_processes")["0"].value == 3
     assert by_gpu(families, "DCGM_FI_DEV_GPU_UTIL")["7"].value == 0
 
 
@@ -155,8 +161,8 @@ def test_a_lost_gpu_is_left_out_logged_once_and_comes_back(
         families = scrape(server.port)
         assert "5" not in by_gpu(families, "DCGM_FI_DEV_GPU_UTIL")
         assert len(by_gpu(families, "DCGM_FI_DEV_FB_USED")) == 7
-        assert families["gpu_agent_gpus_lost"][0].value == 1
-        assert families["up"][0].value == 1
+        assert families["gpu_autoscaler_agent_gpus_lost"][0].value == 1
+        assert families[NVML_UP][0].value == 1
     lost_lines = [
         r.getMessage() for r in caplog.records if "does not answer NVML" in r.getMessage()
     ]
@@ -165,7 +171,7 @@ def test_a_lost_gpu_is_left_out_logged_once_and_comes_back(
     nvml.gpus[5].lost = False
     families = scrape(server.port)
     assert "5" in by_gpu(families, "DCGM_FI_DEV_GPU_UTIL")
-    assert families["gpu_agent_gpus_lost"][0].value == 0
+    assert families["gpu_autoscaler_agent_gpus_lost"][0].value == 0
 
 
 def test_a_gpu_lost_before_start_joins_once_it_answers() -> None:
@@ -200,7 +206,9 @@ def test_an_unexpected_field_error_is_left_out_and_warned_once(
     assert warnings == ["GPU 0: NVML cannot read its temperature (Unknown Error); left out"]
 
 
-def test_without_nvml_the_agent_serves_up_0_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+def test_without_nvml_the_agent_serves_nvml_up_0_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The real nvidia-ml-py on this machine, which has no NVIDIA driver."""
     caplog.set_level(logging.INFO, logger="node_agent")
     with GpuMetricsServer(HOST, host="127.0.0.1", port=0) as server:
@@ -208,9 +216,9 @@ def test_without_nvml_the_agent_serves_up_0_and_says_why(caplog: pytest.LogCaptu
         assert server.reason == "NVML: library not found (no NVIDIA driver on this machine)"
         families = scrape(server.port)
         assert get(server.port, "/healthz") == (200, "ok\n")
-    assert families["up"][0].value == 0
+    assert families[NVML_UP][0].value == 0
     assert not [name for name in families if name.startswith("DCGM_")]
-    assert families["gpu_agent_info"][0].labels["reason"] == server.reason
+    assert families["gpu_autoscaler_agent_info"][0].labels["reason"] == server.reason
     records = [r for r in caplog.records if r.name.startswith("node_agent")]
     assert len(records) == 1
     assert records[0].levelno == logging.WARNING and records[0].exc_info is None
@@ -231,7 +239,7 @@ def test_each_nvml_start_failure_has_its_own_reason(error: pynvml.NVMLError, rea
     with GpuMetricsServer(HOST, host="127.0.0.1", port=0, nvml=nvml) as server:
         assert not server.available
         assert server.reason is not None and server.reason.startswith(reason)
-        assert scrape(server.port)["up"][0].value == 0
+        assert scrape(server.port)[NVML_UP][0].value == 0
 
 
 def test_xid_events_reach_the_last_xid_gauge() -> None:
@@ -355,7 +363,7 @@ def test_every_answering_gpu_is_exported_with_exact_unit_conversions(
         logging.getLogger("node_agent").setLevel(logging.NOTSET)
 
     answering = [gpu for gpu in nvml.gpus if not gpu.lost]
-    assert families["gpu_agent_gpus_lost"][0].value == len(states) - len(answering)
+    assert families["gpu_autoscaler_agent_gpus_lost"][0].value == len(states) - len(answering)
 
     def exported(name: str, call: str) -> dict[str, float]:
         expected = {str(g.index) for g in answering if call not in g.unsupported}
@@ -392,10 +400,48 @@ def render_two_gpu_sample() -> str:
     reader.watch_xids()
     try:
         registry = CollectorRegistry()
-        registry.register(GpuCollector(reader, HOST))
+        registry.register(GpuCollector(reader, HOST, version=SAMPLE_VERSION))
         return generate_latest(registry).decode()
     finally:
         reader.close()
+
+
+def test_every_series_of_the_agent_is_prefixed_and_none_is_a_bare_up(
+    server: GpuMetricsServer,
+) -> None:
+    """``up`` is Prometheus's own name for every target it scrapes; the agent's own series share
+    one prefix, and dcgm-exporter's names stay dcgm-exporter's."""
+    names = set(scrape(server.port))
+    assert "up" not in names
+    ours = {name for name in names if not name.startswith("DCGM_FI_")}
+    assert ours and all(name.startswith(NAMESPACE + "_") for name in ours), ours
+    for text in (AGENT_SAMPLE.read_text(), generate_latest(server.registry).decode()):
+        assert not re.search(r"^up[ {]", text, re.MULTILINE)
+
+
+def test_the_scrape_source_reads_the_agent_with_and_without_gpus(nvml: FakeNvml) -> None:
+    """The controller's scrape source against the real agent: a node's GPUs by its host name;
+    an agent whose node has no usable NVML is a target without readings, named as such."""
+    nvml.gpus[0].util_gpu = 55
+    with (
+        GpuMetricsServer(HOST, host="127.0.0.1", port=0, nvml=nvml) as with_gpus,
+        GpuMetricsServer(
+            "cpu-node",
+            host="127.0.0.1",
+            port=0,
+            nvml=fake_nvml(1, init_error=pynvml.NVMLError_LibraryNotFound()),
+        ) as without,
+    ):
+        targets = [f"127.0.0.1:{with_gpus.port}", f"127.0.0.1:{without.port}"]
+        source = ScrapeTelemetrySource(
+            ScrapeSettings(targets=tuple(targets)), "agents", ManualClock(1_000.0)
+        )
+        samples = source.read_gpus(1_000.0)
+        status = source.target_status()
+    assert {s.host for s in samples} == {HOST} and len(samples) == 8
+    assert sorted(s.util_pct for s in samples)[-1] == 55
+    assert status[f"http://{targets[0]}/metrics"] is None
+    assert "no DCGM_FI_DEV_GPU_UTIL series" in str(status[f"http://{targets[1]}/metrics"])
 
 
 def test_the_saved_agent_sample_is_what_the_agent_serves() -> None:

@@ -20,7 +20,8 @@ def gpu_text(host: str | None, utils: list[float], stamp_ms: int | None = None) 
         stamp = f" {stamp_ms}" if stamp_ms is not None else ""
         labels = f'gpu="{index}",UUID="GPU-{host}-{index}"{hostname}'
         lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util}{stamp}")
-    return "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "\n".join(lines) + "\nup 1\n"
+    body = "\n".join(lines)
+    return f"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n{body}\ngpu_autoscaler_agent_nvml_up 1\n"
 
 
 def source(clock: ManualClock | None = None, **settings: object) -> ScrapeTelemetrySource:
@@ -60,7 +61,7 @@ def test_one_bad_target_is_reported_alone_and_the_rest_still_count(
     exporters.answers["/nolabel"] = Answer(gpu_text(None, [10]))
     exporters.answers["/nan"] = Answer('DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="x"} NaN\n')
     exporters.answers["/down"] = Answer("oops", status=500)
-    exporters.answers["/nogpu"] = Answer("# agent: no GPU\nup 0\n")
+    exporters.answers["/nogpu"] = Answer("# agent: no GPU\ngpu_autoscaler_agent_nvml_up 0\n")
     urls = {name: exporters.url(f"/{name}") for name in ("good", "nolabel", "nan", "down", "nogpu")}
     scraper = source(targets=list(urls.values()))
     # at WARNING whatever level an earlier in-process command left the root logger at

@@ -163,7 +163,8 @@ class ScrapeTelemetrySource:
             hosts = ", ".join(sorted(repr(h[:60]) for h in read.unknown_hosts)[:SHOWN_FAILURES])
             return read.samples, f"{unread}{hosts}; {read.problems[0]}"
         if not read.samples:
-            return [], f"no {UTIL} series (an agent on a node without a GPU serves only up 0)"
+            # the node agent on a node without a usable GPU: gpu_autoscaler_agent_nvml_up 0
+            return [], f"no {UTIL} series (a node agent without a usable GPU serves none)"
         return read.samples, None
 
     def _url(self, target: str) -> str:
