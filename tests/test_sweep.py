@@ -99,6 +99,7 @@ def ray_head() -> Iterator[tuple[str, Path]]:
         "--node-ip-address=127.0.0.1",
         f"--port={port}",
         f"--ray-client-server-port={free_port()}",
+        f"--dashboard-port={free_port()}",
         f"--dashboard-agent-listen-port={free_port()}",
         "--object-store-memory=100000000",
         f"--temp-dir={folder}",
