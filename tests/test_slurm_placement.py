@@ -1,25 +1,36 @@
 """Placement enforced by Slurm itself, on a real Slurm 22.05 (tests/slurm_cluster.py) laid out as
-docs/slurm.md tells operators to: on-prem nodes and on-demand cloud nodes in ``gpu``, spot cloud
-nodes only in its spot twin ``gpu-spot``.
+docs/slurm.md tells operators to: on-prem nodes in ``gpu``, spot cloud nodes only in its spot
+twin ``gpu-spot``, on-demand cloud nodes in its on-demand twin ``gpu-od``; and, beside it, the
+layout without on-demand twins (``legacy``: on-prem and on-demand nodes, ``legacy-spot``).
 
 * Cloud nodes join with features that say their market, pool and GPU model: the boot script
   renders them from its environment (``slurm_join.user_data``) or reads the market from the
   cloud's metadata server.
+* What Slurm does with a job's partitions: it tries them in the order the job lists them, unless
+  their PriorityTier (or the job's priority in each) differs.
+* Jobs go where the placement's tiers say: a new job waits for its judgement before spot; a
+  judged spot-safe job takes spot room before on-demand room and a protected job on-demand room,
+  never spot; on-prem first holds, and with on-prem after the cloud spot-safe jobs take the
+  cloud first while a protected job still takes on-prem before on-demand. A requeued job's
+  partitions are put back in that order.
 * 100 randomized submissions (protected or not, checkpointing or not, sizes, arrays, the user's
-  own partitions and constraints) while the adapter's ``apply_placement`` runs as the
-  controller's tick would: no protected job ever runs on a spot node, every job runs, and spot
-  nodes do run the jobs allowed there.
+  own partitions and constraints, both layouts) while the adapters' ``apply_placement`` runs as
+  the controller's tick would: no protected job ever runs on a spot node, every job runs, and
+  spot nodes do run the jobs allowed there.
 * ``move_off``: a checkpointing job on an on-prem node checkpoints on request (the example job,
   reporting to a real inbox), is requeued, stays off that node until the protected job it made
   room for has started there, and resumes from its checkpoint.
 * The same through the real controller (``rebalance_onprem``): its rule picks the job, act asks
   it to checkpoint and moves it, the protected job starts on-prem and nothing is bought for it.
 
-Runs in about 1.5 to 3 minutes on the busy 2-core machine, most of it the 100 submissions.
+Runs in about 2 to 4 minutes on the busy 2-core machine, most of it the 100 submissions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import math
 import random
 import subprocess
 import threading
@@ -43,7 +54,7 @@ from slurm_cluster import (
 )
 from test_checkpointing_job import EXAMPLE, TOKEN, RecordingLedger, Training
 
-from autoscaler.model import Instance, InstanceState, Market, Placement, Pool
+from autoscaler.model import Instance, InstanceState, Market, OnPremUse, Placement, Pool
 from autoscaler.model.clock import SystemClock
 from autoscaler.model.config import ControllerConfig, InterruptionConfig
 from autoscaler.model.errors import SourceError
@@ -68,9 +79,10 @@ SPOT_POOL = Pool(
 ON_DEMAND_POOL = Pool.model_validate(
     {**SPOT_POOL.model_dump(), "name": "aws-use1-g5", "market": "on-demand"}
 )
+ON_DEMAND_NODE = "i-0ondemand1"
 JOINED = "i-0spot0"  # joins through the boot script, its market read from the fake IMDS
 RESERVE = (
-    ("i-0ondemand1", ",".join(node_features(ON_DEMAND_POOL))),
+    (ON_DEMAND_NODE, ",".join(node_features(ON_DEMAND_POOL))),
     ("i-0spot1", ",".join(node_features(SPOT_POOL))),
 )
 SPOT_NODES = frozenset({JOINED, "i-0spot1"})
@@ -79,15 +91,26 @@ LAYOUT = Layout(
     partitions=(
         "Nodeset=cloud-on-demand Feature=market-on-demand\n"
         "Nodeset=cloud-spot Feature=market-spot\n"
-        "PartitionName=gpu Nodes={onprem},cloud-on-demand Default=YES MaxTime=INFINITE State=UP\n"
+        "PartitionName=gpu Nodes={onprem} Default=YES MaxTime=INFINITE State=UP\n"
         "PartitionName=gpu-spot Nodes=cloud-spot MaxTime=INFINITE State=UP\n"
+        "PartitionName=gpu-od Nodes=cloud-on-demand MaxTime=INFINITE State=UP\n"
+        "PartitionName=legacy Nodes={onprem},cloud-on-demand MaxTime=INFINITE State=UP\n"
+        "PartitionName=legacy-spot Nodes=cloud-spot MaxTime=INFINITE State=UP\n"
         "PartitionName=onprem Nodes={onprem} MaxTime=INFINITE State=UP\n"
     ),
     reserve=RESERVE,
     scheduler="bf_interval=1,sched_interval=2",
     cred_expire=CRED_EXPIRE_S,
 )
-SETTINGS: dict[str, Any] = {"spot_partitions": {"gpu": "gpu-spot"}, "high_priority_min": 1000}
+SETTINGS: dict[str, Any] = {
+    "spot_partitions": {"gpu": "gpu-spot"},
+    "on_demand_partitions": {"gpu": "gpu-od"},
+    "high_priority_min": 1000,
+}
+LEGACY_SETTINGS: dict[str, Any] = {
+    "spot_partitions": {"legacy": "legacy-spot"},
+    "high_priority_min": 1000,
+}
 SUBMISSIONS = 100
 SEED = 16
 TICK_S = 0.5
@@ -335,6 +358,12 @@ class Fleet:
             {"slurm_conf": str(self.cluster.conf), **SETTINGS, **settings}, "hpc"
         )
 
+    def legacy_adapter(self) -> SlurmAdapter:
+        """The adapter of a site without on-demand twins, on the ``legacy`` partitions."""
+        return SlurmAdapter.from_config(
+            {"slurm_conf": str(self.cluster.conf), **LEGACY_SETTINGS}, "legacy"
+        )
+
     def nodes(self) -> dict[str, tuple[str, str]]:
         """Each node's (state, features) as sinfo lists it."""
         out = self.cluster.run("sinfo", "-h", "-N", "-o", "%N %t %f")
@@ -401,9 +430,9 @@ def test_cloud_nodes_join_the_partitions_of_their_market(clean: Fleet) -> None:
         name: set(clean.cluster.run("sinfo", "-h", "-N", "-n", name, "-o", "%P").split())
         for name in nodes
     }
-    assert partitions[JOINED] == partitions["i-0spot1"] == {"gpu-spot"}
-    assert partitions["i-0ondemand1"] == {"gpu*"}
-    assert partitions["gpu-a"] == partitions["gpu-b"] == {"gpu*", "onprem"}
+    assert partitions[JOINED] == partitions["i-0spot1"] == {"gpu-spot", "legacy-spot"}
+    assert partitions[ON_DEMAND_NODE] == {"gpu-od", "legacy"}
+    assert partitions["gpu-a"] == partitions["gpu-b"] == {"gpu*", "legacy", "onprem"}
     reading = clean.adapter().read_nodes(time.time())
     assert set(reading.cloud) == {JOINED, *clean.cluster.reserve_nodes}
 
@@ -426,12 +455,15 @@ def _submission(rng: random.Random, placement: Placement, records: Path) -> Subm
         args.append(f"--comment=checkpoint_interval={rng.choice((60, 600))} checkpoint_duration=5")
     if urgent:
         args.append("--priority=5000")
-    where = rng.random()
-    if where < 0.15:
-        args.append("--partition=gpu,onprem")
-    elif where < 0.35:
-        args.append("--partition=gpu")
-    if rng.random() < 0.1:
+    # the default partition is gpu; a job only cloud nodes can hold (--constraint of their
+    # feature) lists a partition that has them, or Slurm refuses it at submission
+    where = rng.choice(("", "gpu,onprem", "gpu", "gpu,gpu-od", "legacy", "legacy,onprem"))
+    cloud_only = rng.random() < 0.1
+    if cloud_only and where in ("", "gpu", "gpu,onprem"):
+        where = "gpu,gpu-od"
+    if where:
+        args.append(f"--partition={where}")
+    if cloud_only:
         args.append("--constraint=gpu-autoscaler")
     tasks = 1
     if rng.random() < 0.1:
@@ -458,6 +490,7 @@ def test_no_protected_job_ever_runs_on_a_spot_node(clean: Fleet, tmp_path: Path)
     records.mkdir()
     placement = CostAwarePolicy().placement
     slurm = clean.adapter()
+    legacy = clean.legacy_adapter()
     rng = random.Random(SEED)
     submissions = [_submission(rng, placement, records) for _ in range(SUBMISSIONS)]
     submitted: dict[str, Submission] = {}
@@ -486,6 +519,7 @@ def test_no_protected_job_ever_runs_on_a_spot_node(clean: Fleet, tmp_path: Path)
             submitted[cluster.sbatch(*submission.args)] = submission
         burst = 0
         slurm.apply_placement(placement)  # the controller's tick
+        legacy.apply_placement(placement)  # another site's
         observe()
         time.sleep(TICK_S)
 
@@ -497,7 +531,9 @@ def test_no_protected_job_ever_runs_on_a_spot_node(clean: Fleet, tmp_path: Path)
         for job_id, nodes in ran_on.items()
         if submitted[job_id].protected and nodes & SPOT_NODES
     }
-    assert protected_on_spot == {}, f"seed {SEED}: protected jobs ran on spot"
+    assert protected_on_spot == {}, f"seed {SEED}: protected jobs ran on spot: " + ", ".join(
+        f"{job} {submitted[job].args[:-2]} on {sorted(ran_on[job])}" for job in protected_on_spot
+    )
     protected = sum(s.protected for s in submitted.values())
     assert 20 <= protected <= 80, "the mix has both kinds"
     spot_safe_on_spot = [j for j, n in ran_on.items() if n & SPOT_NODES]
@@ -539,23 +575,266 @@ def test_placement_changes_only_what_differs(clean: Fleet) -> None:
     slurm.apply_placement(placement)
     slurm.apply_placement(placement)
     updates = [c for c in calls if c[:2] == ("scontrol", "update") and "jobid" in c[2]]
-    assert sum(len(c[2].split(",")) for c in updates) == 2, "the deferred ones, once"
+    assert sum(len(c[2].split(",")) for c in updates) == 3, "the deferred ones, once"
     calls.clear()
     slurm.apply_placement(placement)
     assert not [c for c in calls if c[:2] == ("scontrol", "update") and "jobid" in c[2]]
     partitions = [cluster.job_field(job, "Partition") for job in held]
     assert partitions == [
-        "gpu,gpu-spot",
-        "gpu,onprem,gpu-spot",
-        "gpu,gpu-spot",
-        "gpu,gpu-spot",
-        "gpu",
-        "gpu",
+        "gpu,gpu-spot,gpu-od",
+        "gpu,gpu-spot,gpu-od,onprem",
+        "gpu,gpu-spot,gpu-od",
+        "gpu,gpu-spot,gpu-od",
+        "gpu,gpu-od",
+        "gpu,gpu-od",
     ]
     calls.clear()
     assert slurm.read(time.time()) == [], "held jobs are not demand"
     slurm.apply_placement(placement)
     assert [c[0] for c in calls].count("squeue") == 1, "the tick's one squeue serves both"
+
+
+# --------------------------------------------------------------------------------------------
+# The order Slurm tries a job's partitions in, and the placement's tiers live
+
+EVERY_NODE = ("gpu-a", "gpu-b", JOINED, "i-0spot1", ON_DEMAND_NODE)
+CLOUD_NODES = (JOINED, "i-0spot1", ON_DEMAND_NODE)
+AFTER_CLOUD = Placement(
+    protect_uncheckpointable=True,
+    protect_high_priority=True,
+    spot_safe_onprem=OnPremUse.AFTER_CLOUD,
+)
+CHECKPOINTS = "--comment=checkpoint_interval=600 checkpoint_duration=5"
+
+
+def _slurm_time(text: str) -> float:
+    """A Slurm timestamp (local time, to the second); never, for Unknown or None."""
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return -math.inf
+
+
+def _looked_at(cluster: SlurmCluster, job: str, since: float) -> bool:
+    """Whether Slurm's scheduler has looked at the pending job in a second after ``since``: a
+    job that could start by then would have."""
+    evaluated = _slurm_time(cluster.job_field(job, "LastSchedEval"))
+    return evaluated >= math.floor(since) + 1 and cluster.job_field(job, "JobState") == "PENDING"
+
+
+def _running_where(cluster: SlurmCluster, *jobs: str) -> list[str]:
+    """The node each job runs on, once every one runs."""
+    wait_for(
+        f"jobs {', '.join(jobs)} to run",
+        lambda: all(cluster.job_field(j, "JobState") == "RUNNING" for j in jobs),
+    )
+    return [cluster.job_field(j, "NodeList") for j in jobs]
+
+
+@contextlib.contextmanager
+def _nodes_down(cluster: SlurmCluster, nodes: tuple[str, ...] = EVERY_NODE) -> Iterator[None]:
+    """The nodes drained (running jobs go on, nothing new starts) until the block's end or
+    ``_all_up``, which resumes them in one ``scontrol`` command, so the scheduler sees every
+    pending job with every node at once, jobs in their order (a job's priority, then its id),
+    whatever order they were submitted or judged in."""
+    cluster.run("scontrol", "update", f"nodename={','.join(nodes)}", "state=drain", "reason=test")
+    try:
+        yield
+    finally:
+        _all_up(cluster, nodes)
+
+
+def _all_up(cluster: SlurmCluster, nodes: tuple[str, ...] = EVERY_NODE) -> None:
+    done = subprocess.run(
+        ["scontrol", "update", f"nodename={','.join(nodes)}", "state=resume"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 or "not drained" in done.stderr.lower(), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("tiers", "order", "node"),
+    [
+        ("", "gpu-spot,gpu-od", "i-0spot1"),
+        ("", "gpu-od,gpu-spot", ON_DEMAND_NODE),
+        ("gpu-od=2", "gpu-spot,gpu-od", ON_DEMAND_NODE),
+        ("gpu-spot=2", "gpu-od,gpu-spot", "i-0spot1"),
+    ],
+)
+def test_slurm_tries_a_jobs_partitions_in_list_order_unless_their_tiers_differ(
+    clean: Fleet, tiers: str, order: str, node: str
+) -> None:
+    """What the design rests on (docs/slurm.md): with one spot and one on-demand node free, a
+    job goes to the partition it lists first, unless the other has a higher PriorityTier."""
+    cluster = clean.cluster
+    changed = [item.split("=") for item in tiers.split(",") if item]
+    try:
+        for partition, tier in changed:
+            cluster.run("scontrol", "update", f"partitionname={partition}", f"prioritytier={tier}")
+        with _nodes_down(cluster, (JOINED,)):
+            job = cluster.sbatch("-p", order, "--gres=gpu:1", "--wrap", "sleep 60")
+            assert _running_where(cluster, job) == [node]
+            assert cluster.job_field(job, "Partition") == next(
+                p for p in ("gpu-spot", "gpu-od") if node in _members(cluster, p)
+            )
+    finally:
+        for partition, _ in changed:
+            cluster.run("scontrol", "update", f"partitionname={partition}", "prioritytier=1")
+
+
+def _members(cluster: SlurmCluster, partition: str) -> set[str]:
+    return set(cluster.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N").split())
+
+
+def test_a_new_job_waits_for_its_judgement_then_takes_spot_before_on_demand(
+    clean: Fleet,
+) -> None:
+    """A spot-safe job submitted to ``gpu,gpu-od`` while only spot has room waits (no tick has
+    judged it); judged, it starts on spot. Then a tick that bought a spot instance for a job
+    that checkpoints and an on-demand one for a job that cannot, both judged: each job lands on
+    the instance bought for it, the spot-safe one on spot although the on-demand one has room."""
+    cluster = clean.cluster
+    slurm = clean.adapter()
+    placement = CostAwarePolicy().placement
+    fillers = [
+        cluster.sbatch("-p", partition, "-w", node, "--gres=gpu:4", "--wrap", "sleep 600")
+        for partition, node in (
+            ("onprem", "gpu-a"),
+            ("onprem", "gpu-b"),
+            ("gpu-od", ON_DEMAND_NODE),
+        )
+    ]
+    _running_where(cluster, *fillers)
+    since = time.time()
+    new = cluster.sbatch("-p", "gpu,gpu-od", "--gres=gpu:1", CHECKPOINTS, "--wrap", "sleep 600")
+    wait_for("Slurm to look at the new job", lambda: _looked_at(cluster, new, since))
+    assert cluster.job_field(new, "JobState") == "PENDING", "not on spot before its judgement"
+    slurm.apply_placement(placement)  # the tick that judges it
+    assert cluster.job_field(new, "Partition") in ("gpu,gpu-spot,gpu-od", "gpu-spot")
+    (spot_node,) = _running_where(cluster, new)
+    assert spot_node in SPOT_NODES
+
+    cluster.run("scancel", fillers[2])
+    wait_for("the on-demand node to be free", lambda: _state(cluster, ON_DEMAND_NODE) == "IDLE")
+    other_spot = next(iter(SPOT_NODES - {spot_node}))
+    safe = cluster.sbatch(
+        "--hold", "-p", "gpu,gpu-od", "--gres=gpu:4", CHECKPOINTS, "--wrap", "sleep 600"
+    )
+    protected = cluster.sbatch("--hold", "-p", "gpu,gpu-od", "--gres=gpu:4", "--wrap", "sleep 600")
+    slurm.apply_placement(placement)
+    assert cluster.job_field(safe, "Partition") == "gpu,gpu-spot,gpu-od"
+    assert cluster.job_field(protected, "Partition") == "gpu,gpu-od"
+    cluster.run("scontrol", "release", f"{safe},{protected}")
+    assert _running_where(cluster, safe, protected) == [other_spot, ON_DEMAND_NODE]
+
+
+def _state(cluster: SlurmCluster, node: str) -> str:
+    return cluster.node_field(node, "State")
+
+
+@pytest.mark.parametrize("onprem", ["first", "after-cloud"])
+def test_jobs_take_the_tiers_of_their_placement(clean: Fleet, onprem: str) -> None:
+    """Every node free and three spot-safe jobs and a protected one judged, then the nodes up at
+    once: on-prem first puts the first two spot-safe jobs on-prem, the third on spot and the
+    protected one on on-demand; on-prem after the cloud puts the spot-safe jobs on spot, then
+    on on-demand, and the protected one on-prem, though on-demand has room for it (cloud nodes
+    keep their last weight: weight 0 sent it to on-demand first)."""
+    cluster = clean.cluster
+    slurm = clean.adapter()
+    placement = CostAwarePolicy().placement if onprem == "first" else AFTER_CLOUD
+    sizes = (4, 4, 4, 4) if onprem == "first" else (4, 4, 2, 2)
+    with _nodes_down(cluster):
+        jobs = [
+            cluster.sbatch(
+                "-p",
+                "gpu,gpu-od",
+                f"--gres=gpu:{gpus}",
+                *([CHECKPOINTS] if n < 3 else []),
+                "--wrap",
+                "sleep 600",
+            )
+            for n, gpus in enumerate(sizes)
+        ]
+        slurm.apply_placement(placement)
+        expected = ("gpu,gpu-spot,gpu-od" if onprem == "first" else "gpu-spot,gpu-od,gpu",) * 3 + (
+            "gpu,gpu-od",
+        )
+        assert tuple(cluster.job_field(j, "Partition") for j in jobs) == expected
+    where = _running_where(cluster, *jobs)
+    weights = {cluster.node_field(n, "Weight") for n in CLOUD_NODES}
+    assert weights == {"1000"}, "cloud nodes last in any partition that mixes them with on-prem"
+    onprem_nodes = set(cluster.onprem_nodes)
+    if onprem == "first":
+        assert set(where[:2]) == onprem_nodes
+        assert where[2] in SPOT_NODES
+        assert where[3] == ON_DEMAND_NODE
+    else:
+        assert set(where[:2]) == SPOT_NODES
+        assert where[2] == ON_DEMAND_NODE
+        assert where[3] in onprem_nodes
+
+
+def test_a_requeued_job_gets_its_order_back(clean: Fleet) -> None:
+    """Slurm puts the partition a requeued job ran in first (``gpu-spot,gpu,gpu-od``, which would
+    try spot before on-prem); the adapter's requeue writes the placement's order back in the
+    update that releases the job."""
+    cluster = clean.cluster
+    slurm = clean.adapter()
+    placement = CostAwarePolicy().placement
+    fillers = [
+        cluster.sbatch("-p", "onprem", "-w", node, "--gres=gpu:4", "--wrap", "sleep 600")
+        for node in cluster.onprem_nodes
+    ]
+    _running_where(cluster, *fillers)
+    job = cluster.sbatch("--hold", "-p", "gpu", "--gres=gpu:1", CHECKPOINTS, "--wrap", "sleep 600")
+    slurm.apply_placement(placement)
+    cluster.run("scontrol", "release", job)
+    assert _running_where(cluster, job)[0] in SPOT_NODES
+    with _nodes_down(cluster):
+        slurm.requeue(job)
+        assert cluster.job_field(job, "JobState") == "PENDING"
+        assert cluster.job_field(job, "Partition") == "gpu,gpu-spot,gpu-od"
+
+
+def test_an_array_with_a_task_started_is_updated_without_a_failure(clean: Fleet) -> None:
+    """``scontrol update`` of several jobs, one an array with a task running, exits 1 saying the
+    running task is no longer pending and ``No error`` of the pending ones, which it updated."""
+    cluster = clean.cluster
+    slurm = clean.adapter()
+    with _nodes_down(cluster, CLOUD_NODES):
+        filler = cluster.sbatch(
+            "-p", "onprem", "-w", "gpu-a", "--gres=gpu:4", "--wrap", "sleep 600"
+        )
+        _running_where(cluster, filler)
+        array = cluster.sbatch("--array=0-2", "--gres=gpu:4", CHECKPOINTS, "--wrap", "sleep 600")
+        single = cluster.sbatch("--gres=gpu:4", CHECKPOINTS, "--wrap", "sleep 600")
+        assert _running_where(cluster, f"{array}_0") == ["gpu-b"]
+        slurm.apply_placement(CostAwarePolicy().placement)
+        for job in (f"{array}_1", single):
+            assert cluster.job_field(job, "Partition") == "gpu,gpu-spot,gpu-od"
+
+
+def test_placement_says_when_slurm_would_not_follow_its_order(clean: Fleet) -> None:
+    """Managed partitions of different PriorityTier, or one Slurm does not have: one line in
+    the tick's placement error, after the jobs were updated all the same."""
+    cluster = clean.cluster
+    placement = CostAwarePolicy().placement
+    job = cluster.sbatch("--hold", "-p", "gpu", "--gres=gpu:1", CHECKPOINTS, "--wrap", "sleep 1")
+    try:
+        cluster.run("scontrol", "update", "partitionname=gpu-od", "prioritytier=2")
+        with pytest.raises(SourceError, match="differ in PriorityTier") as raised:
+            clean.adapter().apply_placement(placement)
+        assert "gpu-od 2" in str(raised.value) and "\n" not in str(raised.value)
+        assert cluster.job_field(job, "Partition") == "gpu,gpu-spot,gpu-od"
+    finally:
+        cluster.run("scontrol", "update", "partitionname=gpu-od", "prioritytier=1")
+    clean.adapter().apply_placement(placement)
+    nowhere = clean.adapter(on_demand_partitions={"gpu": "gpu-nowhere"})
+    with pytest.raises(SourceError, match="Slurm has no partition gpu-nowhere"):
+        nowhere.apply_placement(placement)
 
 
 # --------------------------------------------------------------------------------------------

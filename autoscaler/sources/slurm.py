@@ -103,6 +103,9 @@ _GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # What ``scontrol update`` says of a job that started or ended since the queue was read: the
 # next tick reads it again, so these are not failures.
 _GONE_BY_NOW = ("no longer pending", "invalid job id", "already completed")
+# What it says, beside those, of the pending tasks of an array it did update (``7_1-2: No
+# error``) when another task of the array has started: exit status 1, but no failure.
+_UPDATED = ": no error"
 
 log = logging.getLogger(__name__)
 _QUOTED_NODE_LIMIT = f'"{NODE_LIMIT_REASON}"'.encode()
@@ -855,7 +858,12 @@ class SlurmAdapter:
         if done.returncode == 0:
             return None
         said = (done.stderr or done.stdout).decode(errors="replace").splitlines()
-        real = [line for line in said if not any(g in line.lower() for g in _GONE_BY_NOW)]
+        real = [
+            line
+            for line in said
+            if not any(g in line.lower() for g in _GONE_BY_NOW)
+            and not line.lower().rstrip().endswith(_UPDATED)
+        ]
         if said and not real:
             return None
         first = one_line(real[0]) if real else "no message"

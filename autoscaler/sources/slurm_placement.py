@@ -18,9 +18,16 @@ one kind of capacity and a judged job's partitions are written in its ``Placemen
 while it comes after the cloud, ``gpu,gpu-od`` for a job kept off spot. Slurm 22.05 tries a job's
 partitions by PriorityTier, then by the job's priority in each (PriorityJobFactor), then in the
 order the job lists them (tested in tests/test_slurm_placement.py), so the managed partitions must
-share one PriorityTier and one PriorityJobFactor. Without on-demand twins, on-demand nodes share
-the base with on-prem nodes and only the set of partitions is managed (the order within the base
-is the node weights'): a spot-safe job then takes on-demand room in the base before spot room.
+share one PriorityTier and one PriorityJobFactor. A job kept off spot is written only when its set
+of partitions must change (its on-demand twin added, a spot twin taken away), never for the order
+alone: Slurm 22.05 recomputes the priority of a pending job it holds for ``BadConstraints`` when
+it is updated (tests/test_slurm_placement.py), which drops an operator's ``sbatch --priority``,
+and a job kept off spot for its priority would then be judged spot-safe by the next tick. Such a
+job keeps the order Slurm shows, on-prem or on-demand first.
+
+Without on-demand twins, on-demand nodes share the base with on-prem nodes and only the set of
+partitions is managed (the order within the base is the node weights'): a spot-safe job then
+takes on-demand room in the base before spot room.
 
 The twins are the controller's own: a job's other partitions are never touched, a job in a twin
 but in no base partition (a user who chose spot, or on-demand) is left alone, and only jobs whose
@@ -83,7 +90,10 @@ def wanted_partitions(
     allowed = placement.allows_spot(job.checkpointable, job.high_priority)
     if on_demand:
         tiers = placement.tiers(job.checkpointable, job.high_priority)
-        return _in_tier_order(job.partitions, bases, tiers, allowed, twins, on_demand)
+        wanted = _in_tier_order(job.partitions, bases, tiers, allowed, twins, on_demand)
+        if not allowed and set(wanted) == set(job.partitions):
+            return job.partitions  # kept off spot: only a change of its set is written
+        return wanted
     if allowed:
         added = [twins[b] for b in bases]
         return tuple(dict.fromkeys([*job.partitions, *added]))
