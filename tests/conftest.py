@@ -15,6 +15,7 @@ settings.register_profile(
 settings.load_profile("busy-machine")
 
 pytest_plugins = [
+    "waits",
     "aws_support",
     "aws_placement",
     "gcp_emulator",
