@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurm_queue_strategies import applied, placements, planned, queued_jobs
+from slurm_queue_strategies import queues as queues_of
 
 from autoscaler.model import Capacity, OnPremUse, Placement
 from autoscaler.model.errors import InputError
@@ -30,52 +32,16 @@ KIND = {
 BASE_OF = {**{b: b for b in SPOT}, **{t: b for b, t in SPOT.items()}}
 BASE_OF.update({t: b for b, t in ON_DEMAND.items()})
 
-placements = st.builds(
-    Placement,
-    protect_uncheckpointable=st.booleans(),
-    protect_high_priority=st.booleans(),
-    spot_safe_onprem=st.sampled_from(list(OnPremUse)),
-)
-partition_lists = st.lists(
-    st.sampled_from(["gpu", "gpu-spot", "gpu-od", "big", "big-spot", "big-od", "onprem", "debug"]),
-    min_size=1,
-    max_size=5,
-    unique=True,
-).map(tuple)
-jobs = st.builds(
-    QueuedJob,
-    id=st.integers(1, 10**6).map(str),
-    pending=st.booleans(),
-    partitions=partition_lists,
-    asks_gpus=st.booleans(),
-    checkpointable=st.booleans(),
-    high_priority=st.booleans(),
-)
-queues = st.lists(jobs, max_size=40, unique_by=lambda j: j.id)
+jobs = queued_jobs(["gpu", "gpu-spot", "gpu-od", "big", "big-spot", "big-od", "onprem", "debug"], 5)
+queues = queues_of(jobs)
 
 
 def _plan(queue: list[QueuedJob], placement: Placement, most: int) -> dict[str, tuple[str, ...]]:
-    return {
-        job_id: tuple(update.partitions.split(","))
-        for update in partition_plan(queue, placement, SPOT, most, on_demand=ON_DEMAND).updates
-        for job_id in update.job_ids
-    }
+    return planned(queue, placement, SPOT, most, ON_DEMAND)
 
 
 def _applied(queue: list[QueuedJob], placement: Placement, most: int) -> list[QueuedJob]:
-    """The queue after the plan's updates, as Slurm would hold it (it keeps the order given)."""
-    new = _plan(queue, placement, most)
-    return [
-        QueuedJob(
-            j.id,
-            j.pending,
-            new.get(j.id, j.partitions),
-            j.asks_gpus,
-            j.checkpointable,
-            j.high_priority,
-        )
-        for j in queue
-    ]
+    return applied(queue, placement, SPOT, most, ON_DEMAND)
 
 
 @settings(max_examples=300, deadline=None)

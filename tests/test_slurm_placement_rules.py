@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurm_queue_strategies import applied, placements, queued_jobs
+from slurm_queue_strategies import queues as queues_of
 
-from autoscaler.model import OnPremUse, Placement
+from autoscaler.model import Placement
 from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.slurm import SlurmAdapter
 from autoscaler.sources.slurm_json import DemandRules, QueuedJob, read_queue
@@ -30,48 +32,11 @@ from autoscaler.sources.slurm_placement import (
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 TWINS = {"gpu": "gpu-spot", "big": "big-spot"}
 
-placements = st.builds(
-    Placement,
-    protect_uncheckpointable=st.booleans(),
-    protect_high_priority=st.booleans(),
-    spot_safe_onprem=st.sampled_from(list(OnPremUse)),
-)
-partition_lists = st.lists(
-    st.sampled_from(["gpu", "gpu-spot", "big", "big-spot", "onprem", "debug"]),
-    min_size=1,
-    max_size=4,
-    unique=True,
-).map(tuple)
-jobs = st.builds(
-    QueuedJob,
-    id=st.integers(1, 10**6).map(str),
-    pending=st.booleans(),
-    partitions=partition_lists,
-    asks_gpus=st.booleans(),
-    checkpointable=st.booleans(),
-    high_priority=st.booleans(),
-)
-queues = st.lists(jobs, max_size=40, unique_by=lambda j: j.id)
+queues = queues_of(queued_jobs(["gpu", "gpu-spot", "big", "big-spot", "onprem", "debug"], 4))
 
 
 def _applied(queue: list[QueuedJob], placement: Placement, most: int) -> list[QueuedJob]:
-    """The queue after the plan's updates, as Slurm would hold it."""
-    new = {
-        job_id: tuple(update.partitions.split(","))
-        for update in partition_plan(queue, placement, TWINS, most).updates
-        for job_id in update.job_ids
-    }
-    return [
-        QueuedJob(
-            j.id,
-            j.pending,
-            new.get(j.id, j.partitions),
-            j.asks_gpus,
-            j.checkpointable,
-            j.high_priority,
-        )
-        for j in queue
-    ]
+    return applied(queue, placement, TWINS, most)
 
 
 @settings(max_examples=300, deadline=None)
