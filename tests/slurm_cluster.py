@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from waits import bound
 
 ONPREM_NODES = ("gpu-a", "gpu-b")
 GPUS_PER_NODE = 4
 GPU_MODEL = "a100"
 CLOUD_FEATURE = "gpu-autoscaler"
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
@@ -82,9 +83,15 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def run(self, *args: str, timeout: float = 15.0) -> str:
+    def run(self, *args: str, timeout: float = 60.0) -> str:
+        """Run a Slurm command, its ``timeout`` a ceiling scaled by the wait knob."""
         done = subprocess.run(
-            list(args), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            list(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=bound(timeout),
+            check=False,
         )
         if done.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr}")
@@ -138,6 +145,8 @@ class SlurmCluster:
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T:
+    """Poll ``probe`` until it answers; ``timeout`` is a ceiling scaled by the wait knob."""
+    timeout = bound(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -210,7 +219,8 @@ def _alive(pid: int) -> bool:
 
 
 def stop_pid_files(pid_files: list[Path]) -> None:
-    """SIGTERM every daemon at once, then SIGKILL whatever is still up after five seconds."""
+    """SIGTERM every daemon at once, then SIGKILL whatever is still up after ten seconds (a
+    grace period scaled by the wait knob: a daemon saving its state on a busy machine is slow)."""
     pids = []
     for pid_file in pid_files:
         try:
@@ -219,7 +229,7 @@ def stop_pid_files(pid_files: list[Path]) -> None:
         except (OSError, ValueError):
             continue
         pids.append(pid)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + bound(10)
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in pids:
@@ -249,7 +259,7 @@ def _start_munge(munge_dir: Path) -> Path:
         ],
         check=True,
         capture_output=True,
-        timeout=10,
+        timeout=bound(60),
     )
     return munge_socket
 
@@ -281,11 +291,15 @@ def start_slurm_cluster(root: Path, layout: Layout = Layout()) -> SlurmCluster:
             f"AutoDetect=off\nName=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]\n"
         )
         subprocess.run(
-            ["slurmctld", "-i"], env=cluster.env, check=True, capture_output=True, timeout=10
+            ["slurmctld", "-i"], env=cluster.env, check=True, capture_output=True, timeout=bound(60)
         )
         for node in ONPREM_NODES:
             subprocess.run(
-                ["slurmd", "-N", node], env=cluster.env, check=True, capture_output=True, timeout=10
+                ["slurmd", "-N", node],
+                env=cluster.env,
+                check=True,
+                capture_output=True,
+                timeout=bound(60),
             )
         wait_for("the on-prem nodes to be idle", lambda: _all_idle(cluster), START_TIMEOUT_S)
     except (AssertionError, subprocess.SubprocessError, OSError) as exc:
@@ -301,7 +315,7 @@ def _all_idle(cluster: SlurmCluster) -> bool:
         env=cluster.env,
         capture_output=True,
         text=True,
-        timeout=5,
+        timeout=bound(30),
         check=False,
     )
     states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
@@ -312,7 +326,11 @@ def start_reserve_node(cluster: SlurmCluster, name: str) -> None:
     """Bring a reserve node up: its slurmd registers it, and Slurm lists it idle, with its
     features, in the partitions its features put it in."""
     subprocess.run(
-        ["slurmd", "-N", name], env=cluster.env, check=True, capture_output=True, timeout=10
+        ["slurmd", "-N", name],
+        env=cluster.env,
+        check=True,
+        capture_output=True,
+        timeout=bound(60),
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from slurm_cluster import SlurmCluster, wait_for
+from waits import bound
 
 from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model.clock import SystemClock
@@ -101,7 +102,7 @@ def submit(
         },
         capture_output=True,
         text=True,
-        timeout=15,
+        timeout=bound(60),
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -144,7 +145,7 @@ def test_the_example_job_checkpoints_reports_and_resumes_after_a_requeue(
     assert ledger.last(on_request.job_id) is None
     asked_at = time.time()
     slurm.signal(on_request.job_id, "USR1")
-    last = wait_for("the signalled checkpoint's report", lambda: ledger.last(on_request.job_id), 3)
+    last = wait_for("the signalled checkpoint's report", lambda: ledger.last(on_request.job_id), 60)
     assert asked_at <= last <= time.time()
     assert "(signal," in on_request.log
     saved = on_request.saved_step()
