@@ -32,6 +32,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from waits import bound
 
 from autoscaler.model import InterruptionNotice
 from autoscaler.model.clock import SystemClock
@@ -359,9 +360,10 @@ class ControllerInbox:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.port}"
 
-    def wait_for(self, count: int = 1, timeout_s: float = 10.0) -> list[InterruptionNotice]:
-        """Notices taken so far, waiting until there are ``count`` or the timeout passes."""
-        give_up = time.monotonic() + timeout_s
+    def wait_for(self, count: int = 1, timeout_s: float = 60.0) -> list[InterruptionNotice]:
+        """Notices taken so far, waiting until there are ``count`` or the timeout passes; the
+        timeout is scaled by the wait knob (a short one, to show that no more arrive, too)."""
+        give_up = time.monotonic() + bound(timeout_s)
         while len(self.received) < count and time.monotonic() < give_up:
             self.received.extend(self.inbox.take())
             time.sleep(0.01)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from metadata_servers import ControllerInbox, FakeAzureImds, FakeGcpMetadata, FakeImds
+from waits import bound
 
 from autoscaler.model import NoticeKind
 from autoscaler.model.errors import InputError, SourceError
@@ -39,8 +40,9 @@ def errors(metrics: NoticeMetrics, cloud: str) -> float:
     return value or 0.0
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    give_up = time.monotonic() + timeout_s
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll ``condition``; ``timeout_s`` is a ceiling scaled by the wait knob."""
+    give_up = time.monotonic() + bound(timeout_s)
     while time.monotonic() < give_up:
         if condition():
             return True
@@ -51,7 +53,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 def forwarder(
     controller: ControllerInbox, metrics: NoticeMetrics, token: str | None = None
 ) -> Forwarder:
-    return Forwarder(controller.url, token or controller.token, metrics, give_up_s=2.0)
+    return Forwarder(controller.url, token or controller.token, metrics, give_up_s=bound(30))
 
 
 @pytest.fixture
@@ -68,7 +70,7 @@ def running() -> Iterator[Callable[[Watcher], None]]:
     yield start
     stop.set()
     for thread in threads:
-        thread.join(5)
+        thread.join(bound(30))
 
 
 def aws_watcher(
@@ -469,7 +471,7 @@ def test_the_workload_gets_its_signal(tmp_path: Path) -> None:
             instance_id="i-9", kind=NoticeKind.TERMINATE, deadline=None, source="t", event_key="k"
         )
         hooks.run(notice)
-        assert child.wait(10) == 0
+        assert child.wait(bound(60)) == 0
         assert child.stdout.read().strip() == "checkpointing"
     finally:
         if child.poll() is None:
