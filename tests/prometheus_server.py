@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from waits import bound
 
-READY_WITHIN_S = 40.0
+READY_WITHIN_S = 60.0
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 
 
@@ -72,7 +73,7 @@ class PrometheusWorld:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        with urllib.request.urlopen(address, timeout=5) as answer:
+        with urllib.request.urlopen(address, timeout=bound(30)) as answer:
             result: list[dict[str, Any]] = json.load(answer)["data"]["result"]
         return result
 
@@ -80,11 +81,12 @@ class PrometheusWorld:
         self,
         promql: str,
         ready: Callable[[list[dict[str, Any]]], bool],
-        within_s: float = 15.0,
+        within_s: float = 60.0,
     ) -> list[dict[str, Any]]:
         """Poll until Prometheus's answer to ``promql`` satisfies ``ready``; scrapes are 1 s
-        apart, so a value set by a test shows within a couple of seconds."""
-        deadline = time.monotonic() + within_s
+        apart, so a value set by a test shows within a couple of seconds; ``within_s`` is only
+        a ceiling, scaled by the wait knob."""
+        deadline = time.monotonic() + bound(within_s)
         while True:
             try:
                 result = self.query(promql)
@@ -153,11 +155,11 @@ def _start_prometheus(directory: Path, exporter_port: int) -> tuple[subprocess.P
 
 def _first_scrape(process: subprocess.Popen[bytes], url: str) -> bool:
     """Ready once the exporter has been scraped (the first scrape comes a few seconds in)."""
-    deadline = time.monotonic() + READY_WITHIN_S
+    deadline = time.monotonic() + bound(READY_WITHIN_S)
     address = f"{url}/api/v1/query?query=up%7Bjob%3D%22dcgm%22%7D%3D%3D1"
     while process.poll() is None and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(address, timeout=2) as answer:
+            with urllib.request.urlopen(address, timeout=bound(10)) as answer:
                 if json.load(answer)["data"]["result"]:
                     return True
         except (urllib.error.URLError, OSError, KeyError, ValueError):
@@ -169,10 +171,10 @@ def _first_scrape(process: subprocess.Popen[bytes], url: str) -> bool:
 def _stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=bound(30))
     except subprocess.TimeoutExpired:
         process.kill()
-        process.wait(timeout=10)
+        process.wait(timeout=bound(30))
 
 
 @pytest.fixture(scope="session")
