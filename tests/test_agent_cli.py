@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from metadata_servers import ControllerInbox, FakeImds
+from waits import bound
 
 from autoscaler.cli import main
 from autoscaler.model import NoticeKind
@@ -50,8 +51,9 @@ class AgentProcess:
         for line in self.process.stderr:
             self._queue.put(line.rstrip("\n"))
 
-    def wait_for_line(self, pattern: str, timeout_s: float = 20.0) -> re.Match[str]:
-        give_up = time.monotonic() + timeout_s
+    def wait_for_line(self, pattern: str, timeout_s: float = 60.0) -> re.Match[str]:
+        """The first line matching ``pattern``; ``timeout_s`` is a ceiling scaled by the knob."""
+        give_up = time.monotonic() + bound(timeout_s)
         for line in self.lines:
             if found := re.search(pattern, line):
                 return found
@@ -105,7 +107,7 @@ def test_the_agent_forwards_an_aws_notice_serves_nvml_up_0_and_stops_on_sigterm(
     port = int(agent.wait_for_line(r"serving http://127\.0\.0\.1:(\d+)/metrics").group(1))
     if not GPU_HERE:
         agent.wait_for_line(r"no GPU")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=bound(30)) as response:
         exposition = response.read().decode()
     nvml_up = rf"^gpu_autoscaler_agent_nvml_up {1.0 if GPU_HERE else 0.0}$"
     assert re.search(nvml_up, exposition, re.MULTILINE)
@@ -114,18 +116,18 @@ def test_the_agent_forwards_an_aws_notice_serves_nvml_up_0_and_stops_on_sigterm(
 
     deadline = float(int(time.time()) + 120)
     aws_imds.set_instance_action("terminate", deadline)
-    [notice] = controller_inbox.wait_for(1, timeout_s=15)
+    [notice] = controller_inbox.wait_for(1)
     assert (notice.instance_id, notice.kind, notice.deadline) == (
         "i-0123456789abcdef0",
         NoticeKind.TERMINATE,
         deadline,
     )
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=bound(30)) as response:
         exposition = response.read().decode()
     assert 'gpu_autoscaler_agent_notices_total{cloud="aws",kind="terminate"} 1.0' in exposition
 
     agent.process.send_signal(signal.SIGTERM)
-    assert agent.process.wait(15) == 0
+    assert agent.process.wait(bound(60)) == 0
     agent.wait_for_line(r"agent stopped")
     assert all(controller_inbox.token not in line for line in agent.lines)
 
@@ -162,5 +164,5 @@ def test_a_port_in_use_ends_in_one_line_and_status_2(
     port = first.wait_for_line(r"serving http://127\.0\.0\.1:(\d+)/metrics").group(1)
     second = AgentProcess(["--cloud", "none", "--listen", f"127.0.0.1:{port}"], agent_env)
     started.append(second)
-    assert second.process.wait(20) == 2
+    assert second.process.wait(bound(60)) == 2
     second.wait_for_line(r"^error: --listen: cannot serve GPU metrics on 127\.0\.0\.1:" + port)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from test_sim_engine import job_row, small_scenario
+from waits import bound
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.progress import INTERVAL_ENV, Progress, duration, interval_s
@@ -42,9 +43,10 @@ class Terminal(io.StringIO):
         return True
 
 
-def wait_for(condition: object, within_s: float = 30.0) -> None:
+def wait_for(condition: object, within_s: float = 60.0) -> None:
+    """Poll ``condition``; ``within_s`` is a ceiling scaled by the wait knob."""
     assert callable(condition)
-    give_up = time.monotonic() + within_s
+    give_up = time.monotonic() + bound(within_s)
     while not condition():
         assert time.monotonic() < give_up, "the condition did not come true in time"
         time.sleep(0.01)
@@ -131,7 +133,7 @@ def report(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         text=True,
         check=False,
         env={**os.environ, INTERVAL_ENV: "0.05"},
-        timeout=600,
+        timeout=bound(600),
     )
 
 
@@ -172,7 +174,7 @@ def test_a_report_on_a_terminal_draws_bars(tmp_path: Path) -> None:
             break
         drawn += chunk
     os.close(leader)
-    assert process.wait(timeout=600) == 0
+    assert process.wait(timeout=bound(600)) == 0
     text = drawn.decode(errors="replace")
     for title in ("cost-aware", "cheapest-spot", "on-demand"):
         assert re.search(rf"replay {title}: +\d+%\|", text), text[-2000:]
