@@ -65,6 +65,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import certifi
 import pytest
 from contract_support import FAULT_KINDS, FLEET, Operation
+from waits import bound
 
 from autoscaler.model import Pool
 from autoscaler.model.clock import Clock
@@ -1000,7 +1001,7 @@ class AzureWorld:
             "endpoint": self.emulator.url,
             "retail_prices_url": self.emulator.prices_url,
             "polling_interval_s": 0.01,
-            "operation_timeout_s": 10.0,
+            "operation_timeout_s": bound(30),
             **extra,
         }
 

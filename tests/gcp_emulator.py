@@ -52,6 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from contract_support import FAULT_KINDS, FLEET, Operation
+from waits import bound
 
 from autoscaler.model import Pool
 from autoscaler.model.clock import Clock
@@ -1053,7 +1054,11 @@ class GcpWorld:
 
     def provider(self, pools: Sequence[Pool], clock: Clock) -> Provider:
         self.emulator.clock = clock.now
-        settings = {"project": PROJECT, "endpoint": self.emulator.url, "operation_timeout_s": 10}
+        settings = {
+            "project": PROJECT,
+            "endpoint": self.emulator.url,
+            "operation_timeout_s": bound(30),
+        }
         return GcpProvider.from_config(settings, pools, FLEET, clock)
 
     def live(self) -> dict[str, dict[str, str]]:

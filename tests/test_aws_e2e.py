@@ -17,6 +17,7 @@ from typing import Any
 
 import boto3
 from aws_support import REGION
+from waits import bound
 
 from autoscaler.spi.provider import FLEET_TAG
 
@@ -42,8 +43,9 @@ pools:
 """
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 40.0) -> bool:
-    deadline = time.monotonic() + timeout
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Poll ``condition``; ``timeout`` is a ceiling scaled by the wait knob."""
+    deadline = time.monotonic() + bound(timeout)
     while time.monotonic() < deadline:
         if condition():
             return True
@@ -117,7 +119,7 @@ def test_run_scales_with_the_queue_and_acts_on_a_warning(aws: str, tmp_path: Pat
         assert int(waiting["ApproximateNumberOfMessagesNotVisible"]) == 0, "acknowledged"
     finally:
         process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=30)
+        code = process.wait(timeout=bound(60))
     assert code == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "controller stopped after" in text and "Traceback" not in text

@@ -26,6 +26,7 @@ from azure_emulator import (
     on_demand_price,
     spot_price,
 )
+from waits import bound
 
 from autoscaler.model import InstanceState, NoticeKind, Pool
 from autoscaler.model.clock import ManualClock
@@ -83,9 +84,10 @@ def emulator(azure_world: AzureWorld) -> ArmEmulator:
     return azure_world.emulator
 
 
-def wait_for(condition: Any, timeout: float = 5.0) -> None:
-    """Until a poller thread of the SDK has done its work (it runs on its own)."""
-    deadline = time.monotonic() + timeout
+def wait_for(condition: Any, timeout: float = 30.0) -> None:
+    """Until a poller thread of the SDK has done its work (it runs on its own); ``timeout`` is
+    a ceiling scaled by the wait knob."""
+    deadline = time.monotonic() + bound(timeout)
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting on the emulator"
         time.sleep(0.01)
@@ -599,7 +601,13 @@ def test_the_core_and_other_providers_import_without_azure_on_the_path() -> None
         "except InputError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=bound(120),
+        check=False,
+    )
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr
     assert "pip install 'hybrid-gpu-autoscaler[azure]'" in done.stdout
 
