@@ -32,6 +32,7 @@ from terraform_support import (
     locals_of,
     policy_statements,
 )
+from waits import bound
 
 from autoscaler.model import InstanceState, Pool
 from autoscaler.model.clock import ManualClock
@@ -320,7 +321,7 @@ def gcp_provider(gcp: ComputeEmulator, pools: list[Pool], **settings: Any) -> Gc
     clock = ManualClock(NOW)
     gcp.clock = clock.now
     return GcpProvider.from_config(
-        {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10, **settings},
+        {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": bound(30), **settings},
         pools,
         FLEET,
         clock,
@@ -758,7 +759,7 @@ def test_aws_a_gang_is_whole_or_nothing_is_left(
     ec2_groups: PlacementProxy, case: tuple[int, int]
 ) -> None:
     size, fits = case
-    requests.post(f"{ec2_groups.upstream_url}/moto-api/reset", timeout=10)
+    requests.post(f"{ec2_groups.upstream_url}/moto-api/reset", timeout=bound(30))
     ec2_groups.reset()
     ec2_groups.come_up(fits)
     pool = aws_pool(create=True)

@@ -13,6 +13,7 @@ from urllib.request import urlopen
 
 import pytest
 from gcp_emulator import IMAGE, LABEL_VALUE, PROJECT, REGION, ComputeEmulator
+from waits import bound
 
 from autoscaler.model import InstanceState, NoticeKind, Pool
 from autoscaler.model.catalog import DATA, SKYPILOT_COLUMNS
@@ -66,7 +67,7 @@ def provider(
     clock = clock or ManualClock(START)
     gcp.clock = clock.now
     return GcpProvider.from_config(
-        {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10, **settings},
+        {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": bound(30), **settings},
         pools,
         FLEET,
         clock,
@@ -523,7 +524,7 @@ def test_an_endpoint_changes_where_compute_engine_is_never_how_we_authenticate(
     credentials, project = google.auth.default()
     assert isinstance(credentials, compute_engine.Credentials) and project == PROJECT
     with pytest.raises(HTTPError) as refused:
-        urlopen(f"{gcp.url}/compute/v1/projects/{PROJECT}/aggregated/instances", timeout=10)
+        urlopen(f"{gcp.url}/compute/v1/projects/{PROJECT}/aggregated/instances", timeout=bound(30))
     assert refused.value.code == 401
     asked = gcp.token_requests
     pool = gcp_pool(zones=(ZONE_A,))

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from gcp_emulator import IMAGE, PROJECT, REGION, ComputeEmulator
+from waits import bound
 
 from autoscaler.app.assembly import FileParts, build_file_parts, check_config
 from autoscaler.cli import main
@@ -50,7 +51,9 @@ def pool(name: str = "gcp-a100", **extra: Any) -> dict[str, Any]:
 def write(tmp_path: Path, gcp: ComputeEmulator, pools: list[Any], *, joining: bool = False) -> Path:
     document: dict[str, Any] = {
         "fleet_id": FLEET,
-        "providers": {"gcp": {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10}},
+        "providers": {
+            "gcp": {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": bound(30)}
+        },
         "pools": pools,
     }
     if joining:

@@ -31,6 +31,7 @@ from gcp_emulator import REGION as GCP_REGION
 from gcp_emulator import ComputeEmulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waits import bound
 
 from autoscaler.app.assembly import (
     build_providers,
@@ -75,7 +76,7 @@ def boot(script: str, directory: Path, name: str = "i-0node", gpus: int = 4) -> 
         },
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=bound(60),
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -143,7 +144,7 @@ def document(
         "fleet_id": FLEET,
         "providers": {
             "aws": {"endpoint_url": aws},
-            "gcp": {"project": GCP_PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10},
+            "gcp": {"project": GCP_PROJECT, "endpoint": gcp.url, "operation_timeout_s": bound(30)},
             "azure": azure.settings(),
         },
         "sources": [{"kind": "slurm", "name": "hpc", "settings": slurm}],

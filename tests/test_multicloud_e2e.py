@@ -18,6 +18,7 @@ from aws_support import REGION as AWS_REGION
 from azure_emulator import POOL_OPTIONS, RESOURCE_GROUP, SUBSCRIPTION, ArmEmulator
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from test_aws_e2e import ours, wait_for
+from waits import bound
 
 
 def config(aws: str, gcp: ComputeEmulator, azure: ArmEmulator, work: str, catalog: Path) -> dict:
@@ -33,14 +34,14 @@ def config(aws: str, gcp: ComputeEmulator, azure: ArmEmulator, work: str, catalo
         "capacity_cache_ttl_s": 3600,
         "providers": {
             "aws": {"endpoint_url": aws, "price_catalog": str(catalog)},
-            "gcp": {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": 10},
+            "gcp": {"project": PROJECT, "endpoint": gcp.url, "operation_timeout_s": bound(30)},
             "azure": {
                 "subscription_id": SUBSCRIPTION,
                 "resource_group": RESOURCE_GROUP,
                 "endpoint": azure.url,
                 "retail_prices_url": azure.prices_url,
                 "polling_interval_s": 0.01,
-                "operation_timeout_s": 10,
+                "operation_timeout_s": bound(30),
             },
         },
         "sources": [
@@ -107,6 +108,7 @@ def test_one_cloud_runs_dry_the_others_fill_the_fleet_then_it_drains(
         subprocess.run(
             [sys.executable, "-m", "autoscaler.cli", "validate", str(path)],
             capture_output=True,
+            timeout=bound(120),
             check=False,
         ).returncode
         == 0
@@ -136,6 +138,6 @@ def test_one_cloud_runs_dry_the_others_fill_the_fleet_then_it_drains(
         assert wait_for(lambda: counts() == (0, 0, 0)), (counts(), log.read_text()[-3000:])
     finally:
         process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=30)
+        code = process.wait(timeout=bound(60))
     assert code == 0, log.read_text()[-3000:]
     assert "Traceback" not in log.read_text()
