@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoscaler.model.errors import describe
 from autoscaler.model.logs import fields
@@ -215,7 +215,9 @@ class Runner:
         log.info(
             "%s",
             summary(report),
-            extra=fields(tick=report.tick, fencing_token=self.controller.token),
+            extra=fields(
+                tick=report.tick, fencing_token=self.controller.token, **summary_fields(report)
+            ),
         )
 
 
@@ -250,17 +252,48 @@ def log_actions(report: TickReport) -> None:
         )
 
 
-def summary(report: TickReport) -> str:
-    launched = sum(a.done for a in report.actions if a.kind == "launch")
-    terminated = sum(a.done for a in report.actions if a.kind == "terminate")
+def summary_fields(report: TickReport) -> dict[str, Any]:
+    """The summary's numbers as the JSON event's own keys (``logs.TICK_SUMMARY_FIELDS``), so a
+    log store filters and plots them without parsing the message. Unknown demand leaves
+    ``pending_gpus`` and ``pending_jobs`` out and says ``demand_known: false``: a count that is
+    sometimes the word "unknown" is a key no log index can type."""
     demand = report.view.demand
+    done = {kind: 0 for kind in ("launch", "drain", "terminate")}
+    for action in report.actions:
+        if action.kind in done:
+            done[action.kind] += action.done
+    values: dict[str, Any] = {
+        "demand_known": demand.known,
+        "instances": len(report.view.instances),
+        "launched": done["launch"],
+        "drained": done["drain"],
+        "terminated": done["terminate"],
+        "notices": len(report.view.notices),
+        "duration_ms": round(report.duration_s * 1000, 1),
+        "errors": len(report.errors),
+    }
+    if demand.known:
+        values["pending_gpus"] = demand.gpus
+        values["pending_jobs"] = demand.jobs
+    if report.month_spend is not None:
+        values["month_spend_dollars"] = round(report.month_spend, 2)
+    if report.held:
+        values["held"] = report.held
+    if report.clamps:
+        values["clamps"] = sorted({c.rule for c in report.clamps})
+    return values
+
+
+def summary(report: TickReport) -> str:
+    """The summary as one human line (the ``msg`` of the JSON event, the text format's line)."""
+    values = summary_fields(report)
     parts = [
         f"tick={report.tick}",
-        f"pending_gpus={demand.gpus if demand.known else 'unknown'}",
-        f"instances={len(report.view.instances)}",
-        f"launched={launched}",
-        f"terminated={terminated}",
-        f"notices={len(report.view.notices)}",
+        f"pending_gpus={values.get('pending_gpus', 'unknown')}",
+        f"instances={values['instances']}",
+        f"launched={values['launched']}",
+        f"terminated={values['terminated']}",
+        f"notices={values['notices']}",
         f"ms={report.duration_s * 1000:.0f}",
     ]
     if report.month_spend is not None:
@@ -268,7 +301,7 @@ def summary(report: TickReport) -> str:
     if report.held:
         parts.append(f"held={report.held!r}")
     if report.clamps:
-        parts.append("clamps=" + ",".join(sorted({c.rule for c in report.clamps})))
+        parts.append("clamps=" + ",".join(values["clamps"]))
     if report.errors:
         parts.append(f"errors={len(report.errors)}")
     return " ".join(parts)

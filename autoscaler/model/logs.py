@@ -1,5 +1,7 @@
 """Structured logs: one JSON object per line, with the tick, pool, action and request id a line
-is about as fields, and every secret the process knows scrubbed before a line is written.
+is about as fields (and the numbers of the controller's tick summary), and every secret the
+process knows scrubbed before a line is written. The controller and the node agent both log
+through ``configure``, so their lines have the same shape and the same scrubbing.
 
 Secrets are scrubbed at the handler, not at each call site: a token read from a file, a database
 password, an AWS secret key or a bearer header is replaced by ``***`` wherever it appears (the
@@ -28,9 +30,11 @@ from autoscaler.model.secrets import (
 )
 
 __all__ = [
+    "FIELDS",
     "MAX_FIELD_CHARS",
     "REDACTED",
     "SECRETS",
+    "TICK_SUMMARY_FIELDS",
     "JsonFormatter",
     "PlainFormatter",
     "Secrets",
@@ -59,6 +63,28 @@ CONTEXT_FIELDS = (
     "source",
 )
 
+TICK_SUMMARY_FIELDS = (
+    "demand_known",
+    "pending_gpus",
+    "pending_jobs",
+    "instances",
+    "launched",
+    "drained",
+    "terminated",
+    "notices",
+    "duration_ms",
+    "month_spend_dollars",
+    "held",
+    "clamps",
+    "errors",
+)
+"""The numbers of the controller's per-tick summary line, as top-level keys of its JSON event,
+so a log search can filter and plot them without parsing the message. A key is left out where
+the tick has no value for it (``pending_gpus`` when demand is unknown, ``held`` when nothing
+held scale-up): one key never carries two types, which a log store's index would refuse."""
+
+FIELDS = CONTEXT_FIELDS + TICK_SUMMARY_FIELDS
+
 
 def bounded(text: str, limit: int = MAX_FIELD_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how many more there were."""
@@ -79,7 +105,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for name in CONTEXT_FIELDS:
+        for name in FIELDS:
             value = record.__dict__.get(name)
             if value is not None:
                 event[name] = value
