@@ -103,6 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["json", "text"],
+        help="plain lines (default, for journald and a terminal), or one JSON event per line "
+        "in the controller's shape, for a log collector",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

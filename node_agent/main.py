@@ -26,6 +26,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from autoscaler.model.errors import InputError, SourceError, describe
+from autoscaler.model.logs import configure
 from node_agent.cli import URL_SHORTHANDS
 from node_agent.forward import Delivery, Forwarder, load_token
 from node_agent.hooks import LocalHooks, parse_signal
@@ -64,6 +65,7 @@ class AgentOptions:
     aws_poll_s: float = 5.0
     azure_poll_s: float = 1.0
     log_level: str = "INFO"
+    log_format: str = "text"
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -133,6 +135,7 @@ def options_from_arguments(args: argparse.Namespace) -> AgentOptions:
         aws_poll_s=args.aws_poll_seconds,
         azure_poll_s=args.azure_poll_seconds,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
@@ -263,9 +266,9 @@ def _stop_on_signals() -> threading.Event:
 
 
 def run_agent(options: AgentOptions) -> int:
-    logging.basicConfig(
-        level=options.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    # the controller's handler: its JSON shape or its plain lines, and its scrubbing (the token
+    # was registered as it was read, secret-named variables are registered here)
+    configure(options.log_level, json_lines=options.log_format == "json")
     from node_agent.exporter import ExporterError, GpuMetricsServer
 
     metrics = NoticeMetrics()
