@@ -16,72 +16,82 @@ if TYPE_CHECKING:
     from autoscaler.sim.scenario import LoadedScenario
 
 
+ALIAS_NOTE = (
+    "simulate is the same command under its older name, kept as an alias so scripts that call "
+    "it keep working; new scripts use report."
+)
+
+
 def add(commands: Subcommands) -> None:
-    for name in ("report", "simulate"):
-        report = commands.add_parser(
-            name, help="replay a scenario through policies and write the dry-run cost report"
-        )
-        report.add_argument(
-            "--scenario",
-            type=Path,
-            default=None,
-            help="scenario file (default: the shipped Alibaba openb scenario)",
-        )
-        report.add_argument(
-            "--out",
-            type=Path,
-            default=Path("report"),
-            help="folder for report.json, report.md and report.html",
-        )
-        report.add_argument(
-            "--policy",
-            action="append",
-            default=None,
-            help="compare only these policies from the scenario (repeatable)",
-        )
-        report.add_argument(
-            "--suite",
-            type=Path,
-            default=None,
-            metavar="FILE",
-            help="replay every scenario of this suite file with the same policies and write "
-            "suite.json and suite.md (see docs/evaluation.md)",
-        )
-        report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
-        report.add_argument(
-            "--no-checkpoint-comparison",
-            action="store_true",
-            help="skip replaying the default policy with checkpoint awareness flipped",
-        )
-        report.add_argument(
-            "--no-progress",
-            action="store_true",
-            help="no progress: by default a bar on a terminal, else one line on stderr every "
-            "GPU_AUTOSCALER_PROGRESS_INTERVAL_S seconds (default 10) and one as each step ends",
-        )
-        report.add_argument(
-            "--journal",
-            type=Path,
-            default=None,
-            metavar="FILE",
-            help="report real spend from this SQLite journal instead of replaying a scenario",
-        )
-        report.add_argument(
-            "--journal-postgres-env",
-            default=None,
-            metavar="VAR",
-            help="report real spend from the PostgreSQL journal whose DSN this variable holds",
-        )
-        report.add_argument("--since", default=None, help="journal period start (ISO, UTC)")
-        report.add_argument("--until", default=None, help="journal period end (ISO, UTC)")
-        report.add_argument(
-            "--compare-scenario",
-            type=Path,
-            default=None,
-            metavar="FILE",
-            help="with --journal: put this scenario's replay of the policy beside the real spend",
-        )
-        report.set_defaults(run=_report)
+    report = commands.add_parser(
+        "report",
+        aliases=["simulate"],
+        help="replay a scenario through policies and write the dry-run cost report "
+        "(simulate: its older name, the same command)",
+        description="Replay a scenario (or a suite, or report a journal's real spend) and write "
+        f"the dry-run cost report. {ALIAS_NOTE}",
+    )
+    report.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="scenario file (default: the shipped Alibaba openb scenario)",
+    )
+    report.add_argument(
+        "--out",
+        type=Path,
+        default=Path("report"),
+        help="folder for report.json, report.md and report.html",
+    )
+    report.add_argument(
+        "--policy",
+        action="append",
+        default=None,
+        help="compare only these policies from the scenario (repeatable)",
+    )
+    report.add_argument(
+        "--suite",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay every scenario of this suite file with the same policies and write "
+        "suite.json and suite.md (see docs/evaluation.md)",
+    )
+    report.add_argument("--no-lower-bound", action="store_true", help="skip the offline bound")
+    report.add_argument(
+        "--no-checkpoint-comparison",
+        action="store_true",
+        help="skip replaying the default policy with checkpoint awareness flipped",
+    )
+    report.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress: by default a bar on a terminal, else one line on stderr every "
+        "GPU_AUTOSCALER_PROGRESS_INTERVAL_S seconds (default 10) and one as each step ends",
+    )
+    report.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="report real spend from this SQLite journal instead of replaying a scenario",
+    )
+    report.add_argument(
+        "--journal-postgres-env",
+        default=None,
+        metavar="VAR",
+        help="report real spend from the PostgreSQL journal whose DSN this variable holds",
+    )
+    report.add_argument("--since", default=None, help="journal period start (ISO, UTC)")
+    report.add_argument("--until", default=None, help="journal period end (ISO, UTC)")
+    report.add_argument(
+        "--compare-scenario",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --journal: put this scenario's replay of the policy beside the real spend",
+    )
+    report.set_defaults(run=_report)
 
 
 def _report(args: argparse.Namespace) -> int:
