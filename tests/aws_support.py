@@ -16,6 +16,7 @@ import requests
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ReadTimeoutError
 from moto.server import ThreadedMotoServer
+from waits import bound
 
 REGION = "us-east-1"
 
@@ -33,7 +34,7 @@ def moto_url() -> Iterator[str]:
 @pytest.fixture
 def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A clean moto with credentials in the standard chain (the environment), as a user has."""
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10)
+    requests.post(f"{moto_url}/moto-api/reset", timeout=bound(30))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
@@ -119,9 +120,10 @@ def instance_tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
 
 
-def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` passes; the caller asserts."""
-    deadline = time.monotonic() + timeout
+def eventually(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` (a ceiling scaled by the wait knob)
+    passes; the caller asserts."""
+    deadline = time.monotonic() + bound(timeout)
     while time.monotonic() < deadline:
         if condition():
             return True

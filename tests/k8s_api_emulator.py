@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from waits import bound
 
 GROUP = "coordination.k8s.io"
 API_VERSION = f"{GROUP}/v1"
@@ -298,4 +299,4 @@ def k8s_api() -> Iterator[K8sApi]:
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=5)
+        thread.join(timeout=bound(30))

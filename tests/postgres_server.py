@@ -15,6 +15,7 @@ The server is stopped with ``pg_ctl stop -m immediate``, then by its pid, and it
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import secrets
@@ -31,8 +32,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from waits import bound
 
-READY_WITHIN_S = 30
+READY_WITHIN_S = 60
 ROLE = "autoscaler"
 DATABASE = "autoscaler"
 
@@ -98,7 +100,7 @@ class PostgresServer:
         """A superuser connection over the private socket, for setting the cluster up."""
         return psycopg.connect(
             host=str(self.sockets), port=self.port, user="postgres", dbname="postgres",
-            autocommit=True, connect_timeout=5,
+            autocommit=True, connect_timeout=math.ceil(bound(30)),
         )  # fmt: skip
 
     def fresh_database(self, name: str) -> str:
@@ -123,7 +125,7 @@ class PostgresServer:
                 "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync",
                 "--encoding=UTF8", "--locale=C",
             ]),
-            check=True, capture_output=True, timeout=120,
+            check=True, capture_output=True, timeout=bound(120),
         )  # fmt: skip
         settings = (
             "\nlisten_addresses = '127.0.0.1'\n"
@@ -136,12 +138,13 @@ class PostgresServer:
 
     def start(self) -> None:
         self.port = free_port()
+        ready_s = math.ceil(bound(READY_WITHIN_S))
         done = subprocess.run(
             _as_postgres([
                 str(server_binaries() / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile),
-                "-o", f"-p {self.port}", "-w", "-t", str(READY_WITHIN_S), "start",
+                "-o", f"-p {self.port}", "-w", "-t", str(ready_s), "start",
             ]),
-            capture_output=True, text=True, timeout=READY_WITHIN_S + 10, check=False,
+            capture_output=True, text=True, timeout=ready_s + 10, check=False,
         )  # fmt: skip
         pidfile = self.data / "postmaster.pid"
         if pidfile.exists():
@@ -166,12 +169,12 @@ class PostgresServer:
     def stop(self) -> None:
         subprocess.run(
             _as_postgres([str(server_binaries() / "pg_ctl"), "-D", str(self.data),
-                          "-m", "immediate", "-w", "-t", "10", "stop"]),
-            capture_output=True, timeout=20, check=False,
+                          "-m", "immediate", "-w", "-t", str(math.ceil(bound(10))), "stop"]),
+            capture_output=True, timeout=bound(30), check=False,
         )  # fmt: skip
         if self.postmaster_pid is not None and _alive(self.postmaster_pid):
             os.kill(self.postmaster_pid, signal.SIGKILL)
-            deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + bound(10)
             while _alive(self.postmaster_pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
         self.postmaster_pid = None

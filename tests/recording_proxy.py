@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from waits import bound
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -69,7 +71,7 @@ class RecordingProxy:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=bound(30))
 
     def operations(self) -> list[str]:
         with self.lock:
@@ -86,7 +88,9 @@ class RecordingProxy:
             self.seen.append(
                 Seen(method, urlsplit(target).path, operation_of(method, target, headers, body))
             )
-        connection = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=60)
+        connection = http.client.HTTPConnection(
+            self.upstream_host, self.upstream_port, timeout=bound(60)
+        )
         try:
             sent = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
             connection.request(method, target, body=body or None, headers=sent)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from waits import bound
 
-READY_WITHIN_S = 10.0
+READY_WITHIN_S = 60.0
 
 
 def free_port() -> int:
@@ -60,8 +61,8 @@ class RedisServer:
         ]  # fmt: skip
         if self.password is not None:
             command += ["--requirepass", self.password]
-        subprocess.run(command, check=True, capture_output=True, timeout=10)
-        deadline = time.monotonic() + READY_WITHIN_S
+        subprocess.run(command, check=True, capture_output=True, timeout=bound(60))
+        deadline = time.monotonic() + bound(READY_WITHIN_S)
         while True:
             try:
                 self.client().ping()
@@ -83,9 +84,9 @@ class RedisServer:
             env=env,
             capture_output=True,
             check=False,
-            timeout=10,
+            timeout=bound(30),
         )
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + bound(10)
         while self.pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         if self.pidfile.exists():

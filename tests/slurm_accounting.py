@@ -39,6 +39,7 @@ from slurm_cluster import (
     stop_slurm_cluster,
     wait_for,
 )
+from waits import bound
 
 PARKED = "parked"
 
@@ -87,7 +88,7 @@ def _start_mariadb(root: Path, started: list[subprocess.Popen[bytes]]) -> int:
         done = subprocess.run(
             ["mariadb", "--no-defaults", "-h127.0.0.1", f"-P{port}", "-uroot", "-e", "select 1"],
             capture_output=True,
-            timeout=10,
+            timeout=bound(30),
             check=False,
         )
         return done.returncode == 0
@@ -163,25 +164,31 @@ def start_accounting(root: Path) -> Accounting:
         (root / "gres.conf").write_text(
             f"AutoDetect=off\nName=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]\n"
         )
-        subprocess.run(["slurmdbd"], env=cluster.env, check=True, capture_output=True, timeout=20)
+        subprocess.run(
+            ["slurmdbd"], env=cluster.env, check=True, capture_output=True, timeout=bound(60)
+        )
 
         def dbd_ready() -> bool:
             done = subprocess.run(
                 ["sacctmgr", "-n", "-P", "list", "cluster"],
                 env=cluster.env,
                 capture_output=True,
-                timeout=20,
+                timeout=bound(60),
                 check=False,
             )
             return done.returncode == 0
 
         wait_for("slurmdbd to answer", dbd_ready, START_TIMEOUT_S * 3)
         subprocess.run(
-            ["slurmctld", "-i"], env=cluster.env, check=True, capture_output=True, timeout=20
+            ["slurmctld", "-i"], env=cluster.env, check=True, capture_output=True, timeout=bound(60)
         )
         for node in ONPREM_NODES:
             subprocess.run(
-                ["slurmd", "-N", node], env=cluster.env, check=True, capture_output=True, timeout=20
+                ["slurmd", "-N", node],
+                env=cluster.env,
+                check=True,
+                capture_output=True,
+                timeout=bound(60),
             )
         wait_for("the on-prem nodes to be idle", lambda: _all_idle(cluster), START_TIMEOUT_S * 3)
     except (AssertionError, subprocess.SubprocessError, OSError) as exc:
@@ -199,7 +206,7 @@ def stop_accounting(accounting: Accounting) -> None:
         if process.poll() is None:
             process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
+            process.wait(timeout=bound(30))
     shutil.rmtree(accounting.cluster.root / "mariadb", ignore_errors=True)
 
 

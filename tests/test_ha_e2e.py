@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 import psycopg
 from aws_support import REGION, all_instances, eventually, instance_tags, live
+from waits import bound
 
 from autoscaler.spi.provider import FLEET_TAG, REQUEST_TAG
 
@@ -73,7 +74,7 @@ class Replica:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
+        return self.process.wait(timeout=bound(60))
 
 
 def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
@@ -104,8 +105,8 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
         time.sleep(TICK_S * 0.5)
         leader.process.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        leader.process.wait(timeout=10)
-        assert eventually(standby.leads, timeout=10), standby.text()[-2000:]
+        leader.process.wait(timeout=bound(60))
+        assert eventually(standby.leads), standby.text()[-2000:]
         takeover_s = time.monotonic() - killed_at
         # How fast is a figure, not an assertion: on a busy machine a takeover inside the
         # generous bound above is still correct; the test prints the figure.
@@ -120,7 +121,7 @@ def test_one_leader_acts_a_killed_leader_is_replaced_and_a_paused_one_is_fenced(
         assert not c.leads()
         standby.process.send_signal(signal.SIGSTOP)
         paused_at = time.monotonic()
-        assert eventually(c.leads, timeout=10), c.text()[-2000:]
+        assert eventually(c.leads), c.text()[-2000:]
         paused_takeover_s = time.monotonic() - paused_at
         print(f"takeover after SIGSTOP: {paused_takeover_s:.2f}s (lease {LEASE_S}s)")
         demand(1)

@@ -15,6 +15,7 @@ import pytest
 from fakes import job, pool, rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waits import bound
 
 from autoscaler.model import InstanceState
 from autoscaler.ops.journal.base import (
@@ -214,7 +215,7 @@ def test_replicas_opening_a_fresh_postgres_journal_at_once_all_succeed(postgres_
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(bound(60))
     assert failures == []
     journal = open_postgres(postgres_dsn)
     journal.call_started("r-1", "launch", "aws", "a", 1, 1, "x", 1.0)

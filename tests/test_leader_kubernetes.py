@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_api_emulator import K8sApi
+from waits import bound
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.records import LeadershipLost
@@ -67,7 +68,7 @@ def make_lock(k8s_api: K8sApi, clock: FakeMonotonic) -> Iterator[Factory]:
             # The lease runs on the fake clock; the HTTP calls run on the real one, where a busy
             # machine may take longer than half the 1 s lease to answer. No test here is about
             # a slow API server, so the wait for an answer is generous.
-            "request_timeout_s": 30.0,
+            "request_timeout_s": bound(30.0),
         }
         settings.update(kwargs)
         name = str(settings.pop("name", "controller"))
@@ -320,7 +321,7 @@ def test_on_the_real_clock_a_standby_takes_over_a_stopped_leader(
     assert b.acquire() is None
     stopped = time.monotonic()  # a stops renewing now; b saw its last write after this
     token = None
-    while token is None and time.monotonic() - stopped < 10:
+    while token is None and time.monotonic() - stopped < bound(30):
         time.sleep(0.05)
         token = b.acquire()
     taken = time.monotonic()

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from postgres_server import PostgresServer, free_port
+from waits import bound
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.records import LeadershipLost
@@ -88,7 +89,9 @@ class Holder:
         for line in self.process.stdout:
             self.lines.put(line.strip())
 
-    def line(self, within_s: float = 20.0) -> str:
+    def line(self, within_s: float = 60.0) -> str:
+        """The holder's next line; ``within_s`` is a ceiling scaled by the wait knob."""
+        within_s = bound(within_s)
         try:
             return self.lines.get(timeout=within_s)
         except queue.Empty:
@@ -107,8 +110,8 @@ class Holder:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-        self.process.wait(timeout=10)
-        self.reader.join(timeout=10)
+        self.process.wait(timeout=bound(30))
+        self.reader.join(timeout=bound(30))
         for stream in (self.process.stdin, self.process.stdout):
             if stream is not None:
                 stream.close()
@@ -131,8 +134,10 @@ def locks() -> Iterator[list[PostgresLeaderLock]]:
 
 
 def until(what: str, attempt: object, within_s: float) -> object:
-    """Call ``attempt`` until it returns something other than None, or fail after ``within_s``."""
+    """Call ``attempt`` until it returns something other than None, or fail after ``within_s``
+    (a ceiling scaled by the wait knob)."""
     assert callable(attempt)
+    within_s = bound(within_s)
     deadline = time.monotonic() + within_s
     while (result := attempt()) is None:
         assert time.monotonic() < deadline, f"{what} within {within_s}s"
@@ -213,7 +218,9 @@ def test_many_replicas_starting_at_once_on_an_empty_database_elect_exactly_one(
 def test_a_holder_killed_with_sigkill_is_replaced_at_once_not_after_its_lease(
     postgres_dsn: str, holders: list[Holder], locks: list[PostgresLeaderLock]
 ) -> None:
-    lease = 60.0  # far longer than the test may wait: the hand-over cannot be the lease running out
+    # far longer than the test may wait (both scale with the wait knob): the hand-over cannot be
+    # the lease running out
+    lease = bound(60.0)
     holder = Holder(postgres_dsn, lease)
     holders.append(holder)
     old = holder.token()
@@ -222,7 +229,7 @@ def test_a_holder_killed_with_sigkill_is_replaced_at_once_not_after_its_lease(
     assert standby.acquire() is None
 
     holder.process.send_signal(signal.SIGKILL)
-    new = until("the standby takes over after SIGKILL", standby.acquire, within_s=10.0)
+    new = until("the standby takes over after SIGKILL", standby.acquire, within_s=30.0)
     assert isinstance(new, int) and new > old
     standby.check(new)
 
@@ -242,7 +249,7 @@ def test_a_paused_holder_is_ended_after_its_lease_and_fails_check_when_it_resume
     holder.process.send_signal(signal.SIGSTOP)
     paused_at = time.monotonic()
     assert standby.acquire() is None, "a lease still running is respected"
-    new = until("the standby takes over from the paused holder", standby.acquire, 2 * lease + 5)
+    new = until("the standby takes over from the paused holder", standby.acquire, 2 * lease + 30)
     waited = time.monotonic() - paused_at
     assert isinstance(new, int) and new > old
     # It renewed at most a tenth of a lease before the pause, so the lease had most of it to run.
