@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from metadata_servers import ControllerInbox, FakeAcmeMetadata
 from test_agent_cli import AgentProcess
+from waits import bound
 
 from autoscaler.cli import main as gpu_autoscaler
 from autoscaler.model import NoticeKind
@@ -171,7 +172,9 @@ class AgentScript(AgentProcess):
         super().__init__(args, env, command=[str(AGENT_SCRIPT)])
 
     def metrics(self, port: int) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=bound(30)
+        ) as response:
             return str(response.read().decode())
 
 
@@ -217,7 +220,7 @@ def test_gpu_autoscaler_agent_detects_a_third_party_cloud_and_forwards_its_notic
 
     deadline = float(int(time.time()) + 60)
     acme_metadata.interrupt("acme-event-1", deadline)
-    [notice] = controller_inbox.wait_for(1, timeout_s=30)
+    [notice] = controller_inbox.wait_for(1)
     assert (notice.instance_id, notice.kind, notice.deadline) == (
         "acme-node-7",
         NoticeKind.TERMINATE,
@@ -227,7 +230,7 @@ def test_gpu_autoscaler_agent_detects_a_third_party_cloud_and_forwards_its_notic
     assert 'gpu_autoscaler_agent_notices_total{cloud="acme",kind="terminate"} 1.0' in exposition
 
     agent.process.send_signal(signal.SIGTERM)
-    assert agent.process.wait(30) == 0
+    assert agent.process.wait(bound(60)) == 0
     agent.wait_for_line(r"agent stopped")
     assert any("'acme-missing' failed to load" in line for line in agent.lines)
     assert all(controller_inbox.token not in line for line in agent.lines)

@@ -12,6 +12,7 @@ import boto3
 import pytest
 from aws_support import REGION, Faults, inject
 from botocore.awsrequest import AWSResponse
+from waits import bound
 
 from autoscaler.model import InstanceState, NoticeKind, Pool
 from autoscaler.model.catalog import DATA, bucket_rate_per_hour
@@ -399,7 +400,7 @@ def test_a_warning_wakes_the_run_loop_at_once(aws: str) -> None:
         MessageBody=event("EC2 Spot Instance Interruption Warning", {"instance-id": victim.id}),
     )
     try:
-        assert woken.wait(timeout=10)
+        assert woken.wait(timeout=bound(30))
         assert [n.instance_id for n in aws_provider.poll_notices()] == [victim.id]
     finally:
         aws_provider.close()

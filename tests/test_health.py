@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakes import job, pool, rig
+from waits import bound
 
 from autoscaler.ops.health import Readiness, StatusServer
 from autoscaler.ops.journal.base import open_sqlite
@@ -39,7 +40,9 @@ def served() -> Iterator[tuple[StatusServer, Readiness, Clock, Metrics]]:
 
 def get(server: StatusServer, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{server.port}{path}", timeout=bound(30)
+        ) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()

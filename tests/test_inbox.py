@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from waits import bound
 
 from autoscaler.app.assembly import build_inbox
 from autoscaler.model import NoticeKind
@@ -48,10 +49,10 @@ def post(
 ) -> tuple[int, dict[str, str]]:
     if tls is None:
         connection: http.client.HTTPConnection = http.client.HTTPConnection(
-            "127.0.0.1", port, timeout=5
+            "127.0.0.1", port, timeout=bound(30)
         )
     else:
-        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=tls)
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=bound(30), context=tls)
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -72,7 +73,7 @@ def test_an_accepted_notice_wakes_the_loop_and_reaches_the_next_tick(
     caplog.set_level(logging.DEBUG)
     status, payload = post(server.port, notice(deadline=620.0, kind="terminate"))
     assert (status, payload) == (202, {"accepted": "i-0abc"})
-    assert server.woken.wait(2)  # type: ignore[attr-defined]
+    assert server.woken.wait(bound(30))  # type: ignore[attr-defined]
     (taken,) = server.inbox.take()
     assert (taken.instance_id, taken.kind, taken.deadline, taken.received_at) == (
         "i-0abc",

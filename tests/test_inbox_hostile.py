@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waits import bound
 
 from autoscaler.model.clock import ManualClock
 from autoscaler.ops.http_in import HttpLimits
@@ -32,9 +33,9 @@ def server() -> Iterator[InboxServer]:
     inbox.close()
 
 
-def exchange(port: int, raw: bytes, timeout_s: float = 20.0) -> bytes:
-    """Send ``raw``, close our side, read the whole answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as connection:
+def exchange(port: int, raw: bytes, timeout_s: float = 30.0) -> bytes:
+    """Send ``raw``, close our side, read the whole answer (``timeout_s`` scaled by the knob)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=bound(timeout_s)) as connection:
         connection.sendall(raw)
         connection.shutdown(socket.SHUT_WR)
         answer = b""
@@ -157,7 +158,7 @@ def test_a_body_announced_with_expect_100_continue_is_taken(server: InboxServer)
     """curl sends ``Expect: 100-continue`` for larger bodies and waits for the go-ahead."""
     raw = request(notice(), extra=b"Expect: 100-continue\r\n")
     head, _, body = raw.partition(b"\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as connection:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=bound(30)) as connection:
         connection.sendall(head + b"\r\n\r\n")
         assert connection.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
         connection.sendall(body)
@@ -257,7 +258,7 @@ def test_slow_clients_are_cut_off_and_never_hold_the_inbox() -> None:
     slow: list[socket.socket] = []
     try:
         for _ in range(6):
-            connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            connection = socket.create_connection(("127.0.0.1", server.port), timeout=bound(30))
             connection.sendall(b"POST /v1/notices HTTP/1.1\r\nHo")
             slow.append(connection)
         answers: list[bytes] = []
@@ -285,19 +286,22 @@ def test_slow_clients_are_cut_off_and_never_hold_the_inbox() -> None:
             thread.start()
         assert parsed(exchange(server.port, request(notice())))[0] == 202, "served meanwhile"
         for thread in threads:
-            thread.join(30)
+            thread.join(bound(30))
         assert len(answers) == 6
         assert all(parsed(answer)[0] == 408 for answer in answers)
 
         slots = server._server.slots
-        give_up = time.monotonic() + 10
+        give_up = time.monotonic() + bound(30)
         while slots._count > 0 and time.monotonic() < give_up:
             time.sleep(0.01)  # the slow ones' threads end after their answer's linger
-        held = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(8)]
-        while slots._count < 8 and time.monotonic() < give_up + 10:
+        held = [
+            socket.create_connection(("127.0.0.1", server.port), timeout=bound(30))
+            for _ in range(8)
+        ]
+        while slots._count < 8 and time.monotonic() < give_up + bound(30):
             time.sleep(0.01)
         assert slots._count == 8
-        extra = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=bound(30))
         assert extra.recv(10) == b"", "past the per-peer limit: closed at once, unanswered"
         extra.close()
         for connection in held:

@@ -20,6 +20,7 @@ from botocore.awsrequest import AWSResponse
 from fakes import FakeQueue, job
 from test_aws import FLEET, real_spot_prices
 from test_aws_controller import zone_pool
+from waits import bound
 
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig, Limits
@@ -30,8 +31,9 @@ from providers.aws import AwsProvider
 NOW = 1_700_000_000.0
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    give_up = time.monotonic() + timeout_s
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll ``condition``; ``timeout_s`` is a ceiling scaled by the wait knob."""
+    give_up = time.monotonic() + bound(timeout_s)
     while time.monotonic() < give_up:
         if condition():
             return True
@@ -173,7 +175,7 @@ def test_nine_malformed_messages_never_hide_the_good_warning_in_their_batch(
         return dead_letters() == 9
 
     with caplog.at_level(logging.WARNING, logger="providers.aws.notices"):
-        assert wait_until(redriven, timeout_s=60)
+        assert wait_until(redriven)
     assert watcher.malformed == 9
     assert len([r for r in caplog.records if "malformed" in r.getMessage()]) == 9
     waiting = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from metadata_servers import ControllerInbox, FakeAzureImds, FakeGcpMetadata, FakeImds
+from waits import bound
 
 from autoscaler.model import NoticeKind
 from autoscaler.model.errors import SourceError
@@ -157,7 +158,7 @@ def running() -> Iterator[Callable[[Any], None]]:
     yield start
     stop.set()
     for thread in threads:
-        thread.join(5)
+        thread.join(bound(30))
 
 
 def errors(metrics: NoticeMetrics, cloud: str) -> float:
@@ -167,8 +168,9 @@ def errors(metrics: NoticeMetrics, cloud: str) -> float:
     return value or 0.0
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    give_up = time.monotonic() + timeout_s
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll ``condition``; ``timeout_s`` is a ceiling scaled by the wait knob."""
+    give_up = time.monotonic() + bound(timeout_s)
     while time.monotonic() < give_up:
         if condition():
             return True
@@ -177,7 +179,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 
 
 def dispatch(controller: ControllerInbox, metrics: NoticeMetrics) -> NoticeDispatch:
-    forwarder = Forwarder(controller.url, controller.token, metrics, give_up_s=2.0)
+    forwarder = Forwarder(controller.url, controller.token, metrics, give_up_s=bound(30))
     return NoticeDispatch(forwarder, LocalHooks())
 
 

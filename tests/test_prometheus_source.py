@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_server import GPUS, PrometheusWorld, free_port
+from waits import bound
 
 from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.prometheus import (
@@ -185,7 +186,7 @@ def silent_server() -> Iterator[str]:
     thread.start()
     yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     stop.set()
-    thread.join(timeout=5)
+    thread.join(timeout=bound(30))
     for connection in held:
         connection.close()
     listener.close()
