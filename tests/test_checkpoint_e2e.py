@@ -36,6 +36,7 @@ from metadata_servers import FakeImds
 from slurm_cluster import SlurmCluster, free_port, wait_for
 from test_aws import event, real_spot_prices
 from test_checkpointing_job import EXAMPLE, RecordingLedger, Training
+from waits import bound
 
 from autoscaler.app.runner import summary
 from autoscaler.fleet.telemetry import IdleTracker
@@ -71,9 +72,11 @@ class World:
     tmp: Path
     joined: list[str]
 
-    def tick_until(self, what: str, done: Any, timeout: float = 20.0) -> list[TickReport]:
-        """Tick as the run loop would when woken, until ``done(reports)`` holds."""
+    def tick_until(self, what: str, done: Any, timeout: float = 60.0) -> list[TickReport]:
+        """Tick as the run loop would when woken, until ``done(reports)`` holds; ``timeout`` is a
+        ceiling scaled by the wait knob."""
         reports: list[TickReport] = []
+        timeout = bound(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             reports.append(self.controller.tick())
@@ -100,7 +103,7 @@ class World:
             },
             capture_output=True,
             text=True,
-            timeout=15,
+            timeout=bound(60),
             check=False,
         )
         assert joined.returncode == 0, joined.stderr
@@ -129,7 +132,7 @@ class World:
             env=self.cluster.env,
             capture_output=True,
             text=True,
-            timeout=15,
+            timeout=bound(60),
             check=False,
         )
         assert started.returncode == 0, (created, started.stderr)
@@ -157,7 +160,7 @@ class World:
             },
             capture_output=True,
             text=True,
-            timeout=15,
+            timeout=bound(60),
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -267,7 +270,7 @@ def test_sqs_warning_checkpoints_requeues_and_resumes_on_another_node(world: Wor
             world.cluster.job_field(training.job_id, "NodeList") == instance_id
             and training.started_at_step(0) == 0
         ),
-        timeout=30,
+        timeout=60,
     )
     wait_for(
         "a checkpoint reported from the cloud node",
@@ -321,7 +324,7 @@ def test_imds_notice_too_close_for_the_checkpoint_requeues_at_once(world: World)
         lambda: any(
             r.job_id == training.job_id and r.node == instance_id for r in world.ledger.received
         ),
-        timeout=40,
+        timeout=60,
     )
     previous = training.saved_step()
     world.cluster.run("scancel", fillers[0])
@@ -355,11 +358,10 @@ def test_imds_notice_too_close_for_the_checkpoint_requeues_at_once(world: World)
         reports = world.tick_until(
             "the job is requeued",
             lambda rs: training.job_id in evacuations(rs),
-            timeout=30,
         )
     finally:
         agent.terminate()
-        agent.wait(10)
+        agent.wait(bound(30))
         imds.close()
     (move,) = evacuations(reports)[training.job_id]
     assert move.outcome == "requeued" and "does not fit" in move.detail
@@ -421,7 +423,7 @@ def test_scale_down_gives_back_the_node_whose_job_saved_last_first(world: World)
                 lambda t=training, i=instance_id: (
                     world.cluster.job_field(t.job_id, "NodeList") == i
                 ),
-                timeout=30,
+                timeout=60,
             )
             launched.append(instance_id)
             trainings.append(training)
@@ -467,7 +469,7 @@ def test_scale_down_gives_back_the_node_whose_job_saved_last_first(world: World)
         assert stale.job_id not in evacuations(reports), "the stale job's node is not touched"
         saved = fresh.saved_step()
         resumed = wait_for(
-            "the fresh job to start again", lambda: fresh.started_at_step(1), timeout=30
+            "the fresh job to start again", lambda: fresh.started_at_step(1), timeout=120
         )
         assert resumed == saved, "it resumes from the checkpoint it left at"
         assert world.cluster.job_field(stale.job_id, "NodeList") != fresh_node

@@ -41,6 +41,7 @@ from gcp_emulator import ComputeEmulator
 from quickstart_support import CONFIGS, DOCS, QUICKSTARTS, ROOT, rendered
 from redis_server import RedisServer, free_port
 from slurm_cluster import SlurmCluster, stop_pid_files, wait_for
+from waits import bound
 
 from autoscaler.cli import main
 from autoscaler.sources.scrape import ScrapeTelemetrySource
@@ -266,12 +267,16 @@ def controller(config: dict[str, Any], tmp_path: Path) -> Iterator[tuple[Path, i
         yield log, port
     finally:
         process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=60)
+        code = process.wait(timeout=bound(60))
     assert code == 0, log.read_text()[-3000:]
 
 
 def metric(port: int, name: str, **labels: str) -> float | None:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=bound(30))
+        .read()
+        .decode()
+    )
     for line in text.splitlines():
         series, _, value = line.rpartition(" ")
         if series.split("{", 1)[0] != name:
@@ -532,7 +537,7 @@ def test_the_targets_script_lists_the_cloud_nodes_slurm_knows(
         env=slurm_cluster.env,
         check=True,
         capture_output=True,
-        timeout=30,
+        timeout=bound(60),
     )
     try:
         wait_for(
@@ -546,7 +551,7 @@ def test_the_targets_script_lists_the_cloud_nodes_slurm_knows(
             env=slurm_cluster.env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=bound(60),
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -575,7 +580,7 @@ def _deleted(cluster: SlurmCluster, name: str) -> bool:
         ["scontrol", "delete", f"nodename={name}"],
         env=cluster.env,
         capture_output=True,
-        timeout=15,
+        timeout=bound(60),
         check=False,
     )
     return name not in cluster.run("sinfo", "-h", "-N", "-o", "%N")
@@ -589,7 +594,7 @@ def test_the_targets_script_keeps_the_last_file_when_sinfo_fails(tmp_path: Path)
         env={**os.environ, "SINFO": "false"},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=bound(60),
         check=False,
     )
     assert done.returncode != 0

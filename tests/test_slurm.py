@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from slurm_cluster import SlurmCluster, stop_pid_files, wait_for
+from waits import bound
 
 from autoscaler.model import OnPremUse, Placement
 from autoscaler.model.errors import InputError, SourceError
@@ -291,7 +292,7 @@ def test_a_cloud_node_joins_by_instance_id_runs_work_and_is_forgotten(
         },
         capture_output=True,
         text=True,
-        timeout=15,
+        timeout=bound(60),
         check=False,
     )
     assert joined.returncode == 0, joined.stderr
