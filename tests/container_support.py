@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from waits import bound
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 SUITE = "bookworm"
@@ -134,7 +136,7 @@ def make_rootfs(rootfs: Path, mirror: str) -> None:
         ],
         check=True,
         capture_output=True,
-        timeout=900,
+        timeout=bound(900),
     )
     extra = rootfs / "usr/local/share/ca-certificates"
     extra.mkdir(parents=True, exist_ok=True)
@@ -217,12 +219,13 @@ class Podman:
         }
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 120) -> Result:
+        """Run podman; ``timeout`` is a ceiling scaled by the wait knob."""
         done = subprocess.run(
             ["podman", *args],
             env=self.env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            timeout=timeout,
+            timeout=bound(timeout),
             check=False,
         )
         result = Result(

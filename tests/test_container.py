@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 from container_support import DOCKERFILE, ROOT, Podman, base_images, built_image, free_port
+from waits import bound
 
 UID = 10001
 JOURNAL = "/var/lib/gpu-autoscaler/journal.db"
@@ -22,7 +23,7 @@ JOURNAL = "/var/lib/gpu-autoscaler/journal.db"
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
+        with urllib.request.urlopen(url, timeout=bound(30)) as answer:
             return int(answer.status), answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -36,13 +37,15 @@ def post(url: str, token: str) -> tuple[int, str]:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=5) as answer:
+        with urllib.request.urlopen(request, timeout=bound(30)) as answer:
             return int(answer.status), answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 
 
 def wait_healthy(url: str, podman: Podman, container: str, within_s: float = 60.0) -> None:
+    """Until ``url`` answers 200; ``within_s`` is a ceiling scaled by the wait knob."""
+    within_s = bound(within_s)
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -60,6 +63,8 @@ def wait_healthy(url: str, podman: Podman, container: str, within_s: float = 60.
 
 
 def wait_stopped(podman: Podman, container: str, within_s: float) -> dict[str, object]:
+    """Until the container has stopped; ``within_s`` is a ceiling scaled by the wait knob."""
+    within_s = bound(within_s)
     deadline = time.monotonic() + within_s
     while True:
         state = podman.inspect(container)["State"]
@@ -149,7 +154,7 @@ def test_image_serves_health_and_metrics_as_non_root_and_stops_on_sigterm(tmp_pa
 
         # healthy can come before the first tick has read its source: wait for that tick
         source_up = re.compile(r'^gpu_autoscaler_source_up\{[^}]*source="sim"[^}]*\} 1\.0$', re.M)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + bound(120)
         status, metrics = get(f"{base}/metrics")
         while not source_up.search(metrics) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -194,7 +199,7 @@ def test_image_serves_health_and_metrics_as_non_root_and_stops_on_sigterm(tmp_pa
         # A clean stop finishes the tick in flight (1 s here), well inside this bound. The
         # state is polled: Debian's podman 4.3 `podman wait` was seen to hang here after the
         # container had exited.
-        state = wait_stopped(podman, container, within_s=20.0)
+        state = wait_stopped(podman, container, within_s=60.0)
         assert state["ExitCode"] == 0, state
         logs = podman("logs", container)
         assert "controller stopped after" in logs.out + logs.err

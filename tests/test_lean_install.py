@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from test_sim_engine import job_row, small_scenario
+from waits import bound
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_ONLY = ("numpy", "scipy", "matplotlib", "tqdm")
@@ -62,7 +63,7 @@ def lean(*args: str, entry: str = "autoscaler.cli", **env: str) -> subprocess.Co
         text=True,
         check=False,
         env={**os.environ, **env},
-        timeout=300,
+        timeout=bound(300),
     )
 
 
@@ -140,17 +141,19 @@ def test_the_agent_serves_metrics_and_stops_without_the_extra() -> None:
     )
     try:
         exposition = ""
-        give_up = time.monotonic() + 60
+        give_up = time.monotonic() + bound(60)
         while not exposition and time.monotonic() < give_up and agent.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/metrics", timeout=bound(30)
+                ) as r:
                     exposition = r.read().decode()
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
         assert agent.poll() is None, agent.communicate()[1]
         assert re.search(r"^# TYPE \S+ gauge$", exposition, re.MULTILINE), exposition
         agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
+        _, err = agent.communicate(timeout=bound(60))
         assert agent.returncode == 0, err
     finally:
         if agent.poll() is None:

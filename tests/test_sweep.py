@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from waits import bound
 
 from autoscaler.cli import main
 from autoscaler.model.errors import InputError
@@ -64,7 +65,7 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         check=False,
         cwd=ROOT,
         env={**os.environ, **env},
-        timeout=600,
+        timeout=bound(600),
     )
 
 
@@ -113,15 +114,15 @@ def ray_head() -> Iterator[tuple[str, Path]]:
     finally:
         head.send_signal(signal.SIGTERM)
         try:
-            head.wait(timeout=120)
+            head.wait(timeout=bound(120))
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=60)
+            head.wait(timeout=bound(60))
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_until_started(log: Path) -> None:
-    give_up = time.monotonic() + RAY_START_S
+    give_up = time.monotonic() + bound(RAY_START_S)
     while "Ray runtime started" not in log.read_text():
         assert time.monotonic() < give_up, "no Ray head within the bound:\n" + log.read_text()
         time.sleep(0.5)
@@ -440,7 +441,7 @@ def test_without_ray_installed_the_command_names_the_extra(tmp_path: Path) -> No
         text=True,
         check=False,
         cwd=ROOT,
-        timeout=300,
+        timeout=bound(300),
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
