@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waits import bound
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "autoscaler.cli"]
@@ -19,7 +20,9 @@ VERSION = importlib.metadata.version("hybrid-gpu-autoscaler")
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    return subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, check=False, timeout=bound(300)
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,7 +68,7 @@ def test_bash_completion_completes_commands_options_choices_and_files(tmp_path: 
         capture_output=True,
         text=True,
         check=False,
-        timeout=60,
+        timeout=bound(60),
     )
     assert probe.returncode == 0, probe.stderr
     commands, plan, log_format, formats, cloud, config = probe.stdout.splitlines()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waits import bound
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.exits import EXIT_BROKEN_PIPE
@@ -55,7 +56,7 @@ def command(
         text=True,
         check=False,
         env={**os.environ, **(env or {})},
-        timeout=300,
+        timeout=bound(300),
     )
 
 
@@ -165,7 +166,7 @@ def test_a_taken_agent_port_names_the_port_and_the_option(taken_port: int) -> No
         capture_output=True,
         text=True,
         check=False,
-        timeout=300,
+        timeout=bound(300),
     )
     assert done.returncode == 2, done.stderr
     line = one_line(done)
@@ -195,7 +196,7 @@ def test_output_piped_into_head_ends_quietly() -> None:
         capture_output=True,
         text=True,
         check=False,
-        timeout=300,
+        timeout=bound(300),
     )
     assert done.stdout == "{\n"
     assert done.stderr == "", done.stderr
@@ -216,7 +217,7 @@ def test_a_reader_that_left_before_the_first_line_ends_quietly() -> None:
             stderr=subprocess.PIPE,
             text=True,
             check=False,
-            timeout=300,
+            timeout=bound(300),
         )
     finally:
         os.close(write_end)

@@ -19,6 +19,7 @@ import yaml
 from gcp_emulator import IMAGE, PROJECT, REGION, ComputeEmulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waits import bound
 
 from autoscaler.model import Pool
 from autoscaler.model.catalog import DATA, GCP_CATALOG, SKYPILOT_COLUMNS
@@ -261,7 +262,7 @@ def test_run_warns_once_about_a_pool_it_cannot_price_and_launches_the_priced_one
         [sys.executable, "-m", "autoscaler.cli", "run", "--config", str(path), "--ticks", "4"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=bound(300),
         check=False,
         env=dict(os.environ),
     )

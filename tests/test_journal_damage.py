@@ -26,6 +26,7 @@ import psycopg
 import pytest
 from fakes import job, pool, rig
 from test_report_journal import DSN_VAR, report_of, start
+from waits import bound
 
 from autoscaler.cli import main
 from autoscaler.model.errors import InputError
@@ -170,7 +171,7 @@ def run_cli(config: Path, ticks: int = 1) -> subprocess.CompletedProcess[str]:
         [CLI, "run", "--config", str(config), "--ticks", str(ticks)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
         check=False,
     )
 

@@ -24,6 +24,7 @@ from azure_emulator import POOL_OPTIONS, RESOURCE_GROUP, SUBSCRIPTION, ArmEmulat
 from gcp_emulator import IMAGE, PROJECT, ComputeEmulator
 from recording_proxy import RecordingProxy
 from redis_server import RedisServer, free_port
+from waits import bound
 
 from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
 from providers.azure.instances import azure_tags
@@ -154,7 +155,7 @@ def plan(config: dict[str, Any], tmp_path: Path, *flags: str) -> subprocess.Comp
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=bound(120),
         env=dict(os.environ),
     )
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waits import bound
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gpu-autoscaler-policy-example"
 BUILT_INS = ("cost-aware", "cheapest-spot", "on-demand")
@@ -53,7 +54,7 @@ def site(copied: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(copied),
         ],
         check=True,
-        timeout=120,
+        timeout=bound(120),
     )
     return target
 
@@ -71,7 +72,7 @@ def run(
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=bound(timeout),
     )
 
 

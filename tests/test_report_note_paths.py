@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from test_sim_engine import job_row, small_scenario
+from waits import bound
 
 from autoscaler.cli.report import note_source
 from autoscaler.sim.scenario import default_scenario_path
@@ -45,7 +46,7 @@ def test_the_note_names_a_typed_scenario_as_typed(tmp_path: Path) -> None:
             text=True,
             check=False,
             cwd=tmp_path,
-            timeout=600,
+            timeout=bound(600),
         )
         assert done.returncode == 0, done.stderr
         assert done.stderr.startswith(typed + NOTE), done.stderr

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 from redis_server import free_port
+from waits import bound
 
 CLI = str(Path(sys.executable).parent / "gpu-autoscaler")
 
@@ -131,7 +132,7 @@ def cli(planted: Planted, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=planted.env,
-        timeout=180,
+        timeout=bound(180),
         check=False,
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waits import bound
 
 from autoscaler.app.assembly import build_providers, build_signals
 from autoscaler.model import InstanceState, Pool
@@ -235,7 +236,7 @@ def test_the_controller_runs_on_the_sim_cloud_and_launches_for_the_static_demand
         [sys.executable, "-m", "autoscaler.cli", "run", "--config", str(path), "--ticks", "3"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=bound(60),
         check=False,
     )
     logs = done.stdout + done.stderr

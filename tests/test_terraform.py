@@ -40,6 +40,7 @@ from terraform_support import (
     render_template,
     resolve_local,
 )
+from waits import bound
 
 from autoscaler.app.assembly import build_file_parts, build_providers
 from autoscaler.model.config import load_config
@@ -337,7 +338,7 @@ def test_checkov_finds_nothing(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=bound(300),
         check=False,
     )
     report = json.loads(done.stdout)
@@ -415,7 +416,7 @@ def test_example_outputs_render_a_config_the_controller_accepts(
         [str(CLI), "validate", str(config)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
         check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waits import bound
 
 from autoscaler.cli import main
 from autoscaler.model.errors import InputError
@@ -348,7 +349,7 @@ def test_importing_needs_no_numpy_scipy_or_matplotlib(tmp_path: Path) -> None:
         [sys.executable, "-c", code, str(JSON), str(tmp_path / "t.csv")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
         check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -28,6 +28,7 @@ from boundary_config import (
     run_cli,
 )
 from harness import FUZZ
+from waits import bound
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.inputfile import read_yaml
@@ -159,7 +160,7 @@ def test_dry_start_as_a_command_contacts_nothing_and_exits_0(tmp_path: Path) -> 
         [sys.executable, "-m", "autoscaler.cli", "run", "--dry-start", "--config", str(path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
         check=False,
     )
     assert done.returncode == 0, done.stderr
