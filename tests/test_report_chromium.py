@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from PIL import Image, ImageChops
 from test_report_render import sample_report
+from waits import bound
 
 from autoscaler.report.render import comparison_tables, render_html
 
@@ -108,11 +109,11 @@ def _run_chromium(tmp_path: Path, width: int, url: str, *extra: str) -> str:
         start_new_session=True,
     )
     try:
-        out, err = process.communicate(timeout=CHROMIUM_TIMEOUT_S)
+        out, err = process.communicate(timeout=bound(CHROMIUM_TIMEOUT_S))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        pytest.fail(f"chromium did not finish within {CHROMIUM_TIMEOUT_S:g} s")
+        pytest.fail(f"chromium did not finish within {bound(CHROMIUM_TIMEOUT_S):g} s")
     assert process.returncode == 0, err[-2000:]
     return out
 

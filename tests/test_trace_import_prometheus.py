@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_server import READY_WITHIN_S, _stop, free_port
 from test_trace_import import cli, read_csv, replay_report, tiny_scenario
+from waits import bound
 
 STEP_S = 60
 POINTS = 361  # six hours
@@ -43,7 +44,9 @@ class Pushed:
         query = urllib.parse.urlencode(
             {"query": promql, "start": self.start, "end": self.end, "step": STEP_S}
         )
-        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{query}", timeout=10) as answer:
+        with urllib.request.urlopen(
+            f"{self.url}/api/v1/query_range?{query}", timeout=bound(30)
+        ) as answer:
             body: bytes = answer.read()
         return body
 
@@ -71,7 +74,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
         cwd=folder,
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=bound(60),
     )
     (folder / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
     port = free_port()
@@ -89,10 +92,10 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
     log.close()
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_WITHIN_S
+        deadline = time.monotonic() + bound(READY_WITHIN_S)
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2):
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=bound(10)):
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
