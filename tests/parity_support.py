@@ -86,16 +86,22 @@ SETTLE_S = 90.0
 BOOT_S = 60.0
 JOB_GUARD_S = 900  # a job script ends by itself after about this long, whatever happens
 SPOT_PARTITIONS = {"gpu": "gpu-spot"}
-# The cluster laid out as docs/slurm.md tells operators to: on-prem and on-demand cloud nodes in
-# gpu, spot cloud nodes only in its spot twin. Only the first on-prem node is in gpu (the
-# segment's on-prem fleet is that one node); the other stays in the onprem partition, which
-# SlurmCluster.reset waits on, and is not counted (the adapter reads gpu and gpu-spot only).
+ON_DEMAND_PARTITIONS = {"gpu": "gpu-od"}
+# The partitions in the order a judged spot-safe job lists them (on-prem first): the order they
+# come back up in after instances joined, so that no job starts in a later one while an earlier
+# one it lists is still down.
+MANAGED = (*SPOT_PARTITIONS, *SPOT_PARTITIONS.values(), *ON_DEMAND_PARTITIONS.values())
+# The cluster laid out as docs/slurm.md tells operators to ("In the placement's order: the
+# on-demand twin"): on-prem nodes in gpu, spot and on-demand cloud nodes each in a twin of
+# their own. Only the first on-prem node is in gpu (the segment's on-prem fleet is that one
+# node); the other stays in the onprem partition, which SlurmCluster.reset waits on, and is not
+# counted (the adapter reads the managed partitions only).
 PARTITIONS = (
     "Nodeset=cloud-on-demand Feature=market-on-demand\n"
     "Nodeset=cloud-spot Feature=market-spot\n"
-    f"PartitionName=gpu Nodes={ONPREM_NODES[0]},cloud-on-demand Default=YES MaxTime=INFINITE "
-    "State=UP\n"
+    f"PartitionName=gpu Nodes={ONPREM_NODES[0]} Default=YES MaxTime=INFINITE State=UP\n"
     "PartitionName=gpu-spot Nodes=cloud-spot MaxTime=INFINITE State=UP\n"
+    "PartitionName=gpu-od Nodes=cloud-on-demand MaxTime=INFINITE State=UP\n"
     "PartitionName=onprem Nodes={onprem} MaxTime=INFINITE State=UP\n"
 )
 _SCHED_EVAL = re.compile(r"\bLastSchedEval=(\S+)")
@@ -443,7 +449,8 @@ class LiveRun:
             {
                 "slurm_conf": str(self.cluster.conf),
                 "spot_partitions": SPOT_PARTITIONS,
-                "partitions": sorted({*SPOT_PARTITIONS, *SPOT_PARTITIONS.values()}),
+                "on_demand_partitions": ON_DEMAND_PARTITIONS,
+                "partitions": list(MANAGED),
             },
             "slurm",
         )
@@ -637,7 +644,10 @@ class LiveRun:
             self._partitions("UP")
 
     def _partitions(self, state: str) -> None:
-        for partition in sorted({*SPOT_PARTITIONS, *SPOT_PARTITIONS.values()}):
+        """Every managed partition to ``state``, up in the order judged jobs list them: were
+        ``gpu-od`` up before ``gpu-spot``, Slurm could start a spot-safe job on on-demand room
+        in between, which it would not do with both up."""
+        for partition in MANAGED:
             self.cluster.run("scontrol", "update", f"partitionname={partition}", f"state={state}")
 
     def _boot(self, instance_id: str, pool: Pool) -> None:

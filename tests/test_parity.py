@@ -2,38 +2,36 @@
 
 ``tests/data/parity`` is a short segment: two jobs fill the one on-prem node; two that
 checkpoint burst to a spot instance; one that checkpoints arrives when only that spot instance
-has room and waits for the next tick to be let onto spot (a new job is in Slurm's base partition
-only until a tick judges it); one that cannot checkpoint gets an on-demand instance; one that
-cannot checkpoint takes on-prem room as it frees, and one that checkpoints, arriving while both
-the spot and the on-demand instance have room, starts on the on-demand one at once; as the jobs
-end each cloud node goes idle and is drained and terminated. It is replayed through
-``simulate`` and live: the real controller on a real Slurm 22.05 (queue, nodes, placement
-through the spot twin partition), moto's EC2 and GPU telemetry scraped over HTTP, with the same
-pools, policy, params, limits and prices. Tick by tick, both must launch the same instances in
-the same pools, drain and terminate the same nodes, and see every job in the same place (see
-``tests/parity_support.py`` for how the two are made comparable, timing aside). A difference
-fails with both sides' records, tick by tick, as a diff.
+has room and waits for the next tick to be let onto spot (a new job is in Slurm's base
+partition, which holds the on-prem nodes, only until a tick judges it); one that checkpoints
+and one that cannot arrive with no room anywhere, and the tick that judges them buys a spot
+instance for the first and an on-demand one for the second: both instances have room for the
+first, which takes spot (its partitions list spot before on-demand), and the second, which
+would not fit beside it, takes on-demand; one that cannot checkpoint takes on-prem room as it
+frees, and one that checkpoints, arriving while both a spot and the on-demand instance have
+room, waits for the next tick all the same and then takes spot; as the jobs end each cloud
+node goes idle and is drained and terminated. It is replayed through ``simulate`` and live: the
+real controller on a real Slurm 22.05 (queue, nodes, placement through the spot and on-demand
+twin partitions, as docs/slurm.md lays them out), moto's EC2 and GPU telemetry scraped over
+HTTP, with the same pools, policy, params, limits and prices. Tick by tick, both must launch the
+same instances in the same pools, drain and terminate the same nodes, and see every job in the
+same place (see ``tests/parity_support.py`` for how the two are made comparable, timing aside).
+A difference fails with both sides' records, tick by tick, as a diff.
 
 This is what keeps the simulator's report honest: a change that makes the simulated world
 behave otherwise than the live one fails here. It found that the simulator let a new job onto
-spot before any tick had judged it (fixed in ``autoscaler/sim/scheduler.py``, UNJUDGED_TIERS).
+spot before any tick had judged it, and, once on-demand nodes had a twin of their own, onto
+on-demand room (fixed in ``autoscaler/sim/scheduler.py``, UNJUDGED_TIERS); and it showed that
+live, without the on-demand twin, a judged spot-safe job took on-demand room before spot room
+(fixed in the Slurm adapter: ``on_demand_partitions``).
 
 Not in the segment, and why:
 
-* Spot and on-demand room for the same *judged* spot-safe job. Live, Slurm 22.05 tries a job's
-  partitions in the order listed (node weights order nodes only within a partition), so a job in
-  ``gpu,gpu-spot`` takes on-demand room in ``gpu`` before spot room, while the placement (and
-  the simulator) put spot before on-demand: when a tick buys a spot instance for such a job and
-  an on-demand one for a job that must stay off spot, live the first job takes the on-demand
-  instance, the second waits and the idle spot instance is given back. That is a difference on
-  the live side, left for the Slurm adapter (issue 16); the segment gets such a tick once live
-  puts the twin in its place in the job's partitions.
 * On-prem rebalancing (``rebalance_onprem`` is off). A move checkpoints the job on request: the
   simulator then ticks again when the checkpoint is written, between regular ticks; live the
   checkpoint report comes over HTTP in wall-clock time while this controller's clock jumps a
   tick at a time, and the moved job stays off its node for Slurm's job credential lifetime in
-  real seconds; and the moved job, judged spot-safe, would meet the difference above.
-  ``tests/test_slurm_placement.py`` tests the move live on its own.
+  real seconds. ``tests/test_slurm_placement.py`` tests the move live on its own.
 
 Runs in about 15 to 40 seconds on the busy 2-core machine, nearly all of it the live side
 waiting for Slurm to settle after each step.
@@ -44,7 +42,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import moto.ec2.models.instances
@@ -81,7 +79,8 @@ def test_the_segment_exercises_what_parity_is_for(
     segment: Segment, simulated: list[TickRecord]
 ) -> None:
     """The segment keeps its purpose: bursts to spot and to on-demand, on-prem use, drains and
-    terminations, and the job that cannot checkpoint never on spot."""
+    terminations, the job that cannot checkpoint never on spot, new jobs waiting for their
+    judgement before the cloud, and a tick that buys spot and on-demand at once."""
     kinds = {(a.kind, a.pool) for r in simulated for a in r.actions}
     spot = {p.name for p in segment.pools if p.is_spot}
     on_demand = {p.name for p in segment.pools if not p.is_spot}
@@ -89,43 +88,85 @@ def test_the_segment_exercises_what_parity_is_for(
         assert {pool for k, pool in kinds if k == kind} >= spot | on_demand, (kind, kinds)
     places = {where for r in simulated for _, where in r.placements}
     assert {PENDING, DONE, "gpu-a"} <= places
-    assert any(p.split("#")[0] in spot for p in places)
-    assert any(p.split("#")[0] in on_demand for p in places)
+    assert any(_pool(p) in spot for p in places)
+    assert any(_pool(p) in on_demand for p in places)
     protected = {j.id for j in segment.jobs if j.checkpoint_interval_s is None}
     for r in simulated:
         for job, where in r.placements:
-            assert not (job in protected and where.split("#")[0] in spot), (r.at, job, where)
+            assert not (job in protected and _pool(where) in spot), (r.at, job, where)
     assert [r.at for r in simulated] == segment.ticks(), "regular ticks only"
-    # new spot-safe jobs: one waits for a tick to judge it, with only spot room and nothing
-    # bought for it; one takes on-demand room at once although spot has room too
+    gpus = {j.id: j.gpus for j in segment.jobs}
+    size = {p.name: p.gpus_per_instance for p in segment.pools}
+
+    # New spot-safe jobs wait for the tick that judges them, with nothing bought for them, and
+    # then take spot: one while only spot has room, one while on-demand has room too.
     safe = {j.id: j.submit for j in segment.jobs if j.checkpoint_interval_s is not None}
-    waited = [
-        job
-        for r, after in itertools.pairwise(simulated)
+    waited = {
+        job: free
+        for (index, r), (_, after) in itertools.pairwise(enumerate(simulated))
+        for free in [_free(simulated, index, gpus, size)]
         for job, where in r.placements
         if job in safe
         and safe[job] == r.at
         and where == PENDING
         and not any(a.kind == "launch" for a in r.actions)
-        and dict(after.placements)[job].split("#")[0] in spot
-    ]
-    assert waited, "a spot-safe job waits for the tick that judges it"
-    gpus = {j.id: j.gpus for j in segment.jobs}
-    size = {p.name: p.gpus_per_instance for p in segment.pools}
+        and _pool(dict(after.placements)[job]) in spot
+    }
 
-    def spot_room(r: TickRecord) -> bool:
-        used: dict[str, int] = {}
-        for job, where in r.placements:
-            used[where] = used.get(where, 0) + gpus[job]
-        return any(size[n.split("#")[0]] > u for n, u in used.items() if n.split("#")[0] in spot)
+    def room(free: dict[str, int], job: str, pools: set[str]) -> bool:
+        return any(left >= gpus[job] for node, left in free.items() if _pool(node) in pools)
 
-    arrived_on_demand = [
-        job
-        for r in simulated
-        for job, where in r.placements
-        if job in safe and safe[job] == r.at and where.split("#")[0] in on_demand and spot_room(r)
-    ]
-    assert arrived_on_demand, "a new spot-safe job takes on-demand room at once"
+    assert any(
+        room(free, job, spot) and not room(free, job, on_demand) for job, free in waited.items()
+    ), "a new spot-safe job waits for its judgement while only spot has room"
+    assert any(
+        room(free, job, spot) and room(free, job, on_demand) for job, free in waited.items()
+    ), "a new spot-safe job waits for its judgement although on-demand has room too"
+
+    # A tick buys a spot instance for a spot-safe job and an on-demand one for a job that must
+    # stay off spot; both have room for the first, which takes spot, and the second, which
+    # would not fit beside it on the on-demand instance, takes that.
+    def bought_both(r: TickRecord, after: TickRecord) -> bool:
+        bought = {n: _pool(n) for a in r.actions if a.kind == "launch" for n in a.nodes}
+        at = dict(after.placements)
+        pending = [job for job, where in r.placements if where == PENDING]
+        return any(
+            job in safe
+            and other in protected
+            and bought.get(at[job]) in spot
+            and bought.get(at[other]) in on_demand
+            and gpus[job] <= size[bought[at[other]]] < gpus[job] + gpus[other]
+            for job in pending
+            for other in pending
+        )
+
+    assert any(bought_both(r, after) for r, after in itertools.pairwise(simulated)), (
+        "a tick buys spot and on-demand, and the spot-safe job takes spot"
+    )
+
+
+def _pool(where: str) -> str:
+    """The pool of a cloud node's shared name (``aws-spot#1``); other places as they are."""
+    return where.partition("#")[0]
+
+
+def _free(
+    records: Sequence[TickRecord], index: int, gpus: dict[str, int], size: dict[str, int]
+) -> dict[str, int]:
+    """The free GPUs of every cloud node up at tick ``index`` (launched at an earlier tick and
+    not terminated since), by its shared name."""
+    up: set[str] = set()
+    for r in records[:index]:
+        for a in r.actions:
+            if a.kind == "launch":
+                up.update(a.nodes)
+            elif a.kind == "terminate":
+                up.difference_update(a.nodes)
+    free = {node: size[_pool(node)] for node in up}
+    for job, where in records[index].placements:
+        if where in free:
+            free[where] -= gpus[job]
+    return free
 
 
 def test_a_difference_is_shown_tick_by_tick() -> None:

@@ -108,11 +108,12 @@ def test_placement_keeps_protected_jobs_off_spot_and_orders_tiers() -> None:
     assert late.node is None, "the only free room left would be spot"
 
 
-def test_a_job_submitted_since_the_last_placement_uses_spot_only_from_the_next_tick() -> None:
-    """Live, a new job is in its base partition only (on-prem and on-demand nodes) until the
-    controller's next tick judges it spot-safe and adds the spot partition: found by the
-    parity test (tests/test_parity.py), where the simulator started such a job on spot room
-    at once and Slurm put it on an on-demand node or kept it waiting for the tick."""
+def test_a_job_submitted_since_the_last_placement_uses_the_cloud_only_from_the_next_tick() -> None:
+    """Live, with on-demand twins (docs/slurm.md), a new job is in its base partition only
+    (on-prem nodes) until the controller's next tick judges it and writes its twins in the
+    placement's order: the parity test (tests/test_parity.py) found the simulator starting such
+    a job on spot room at once, and, once on-demand nodes left the base partition, on
+    on-demand room at once, while Slurm kept it waiting for the tick."""
     world = World()
     s = world.scheduler
     placement = Placement(protect_uncheckpointable=True)
@@ -128,10 +129,33 @@ def test_a_job_submitted_since_the_last_placement_uses_spot_only_from_the_next_t
     world.tick(placement)
     s.schedule(0.0)
     assert waits.node is not None and waits.node.name == "spot"
-    s.add_node("od", 1, Capacity.ON_DEMAND, "q", 10.0)
+    s.add_node("od", 2, Capacity.ON_DEMAND, "q", 10.0)
     late = s.submit(trace_job("late", interval=600.0), 20.0)
+    protected = s.submit(trace_job("protected"), 20.0)
     s.schedule(20.0)
-    assert late.node is not None and late.node.name == "od", "not spot, which comes first"
+    assert late.node is None, "spot and on-demand room, neither before its judgement"
+    assert protected.node is None, "on-demand room is not the base partition's either"
+    world.tick(placement)
+    s.schedule(20.0)
+    assert late.node is not None and late.node.name == "spot", "judged: spot before on-demand"
+    assert protected.node is not None and protected.node.name == "od"
+    world.check()
+
+
+def test_a_new_job_takes_on_prem_room_at_once() -> None:
+    """The base partition holds the on-prem nodes: a job submitted between ticks starts there
+    without waiting for its judgement, spot-safe or not."""
+    world = World()
+    s = world.scheduler
+    s.add_node("onprem", 2, Capacity.ONPREM, None, 0.0)
+    s.add_node("spot", 1, Capacity.SPOT, "p", 0.0)
+    world.tick(Placement(protect_uncheckpointable=True))
+    jobs = [
+        s.submit(trace_job(name, interval=interval), 0.0)
+        for name, interval in (("safe", 600.0), ("protected", None))
+    ]
+    s.schedule(0.0)
+    assert [j.node.name if j.node else None for j in jobs] == ["onprem", "onprem"]
     world.check()
 
 

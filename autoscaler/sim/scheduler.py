@@ -6,11 +6,11 @@ what the autoscaler is for). A job runs on one node, or, asking for several, on 
 distinct nodes of one kind of capacity at once (as Slurm starts a ``--nodes=N`` job), and only
 on GPUs of a model it accepts. Within the tiers a placement rule allows, the nodes that fit most
 tightly win; where the controller judges jobs (``Placement.waits_for_judgement``), a job
-submitted since it last applied a placement may use on-prem and on-demand nodes only, until the
-next placement judges it (``UNJUDGED_TIERS``, as Slurm's spot partitions do live). Each running
-job checkpoints on its own schedule; an interrupted job keeps the work up to its last finished
-checkpoint and goes back to the queue in its original order. Any member of a multi-node job
-going away stops the whole job, which is requeued whole, as Slurm requeues it.
+submitted since it last applied a placement may use on-prem nodes only, until the next placement
+judges it (``UNJUDGED_TIERS``, as Slurm's spot and on-demand twin partitions do live). Each
+running job checkpoints on its own schedule; an interrupted job keeps the work up to its last
+finished checkpoint and goes back to the queue in its original order. Any member of a
+multi-node job going away stops the whole job, which is requeued whole, as Slurm requeues it.
 
 The same object is the controller's queue source, node source and scheduler adapter in a dry
 run, so the controller reads and drives it through exactly the interfaces a real Slurm gets:
@@ -122,12 +122,15 @@ class Accounting:
 
 
 MOVE_HOLD_S = 1800.0
-# Where a job submitted since the last placement may start: live, Slurm puts it in its base
-# partition only (on-prem and on-demand cloud nodes, on-prem first by node weight) until the
-# controller's next tick judges it and adds the spot partition (docs/slurm.md, "Safe by
-# default"). A spot-safe job that arrives between ticks takes on-prem or on-demand room at once,
-# or waits for that tick to use spot.
-UNJUDGED_TIERS = (Capacity.ONPREM, Capacity.ON_DEMAND)
+# Where a job submitted since the last placement may start: live, with the layout docs/slurm.md
+# recommends (spot and on-demand cloud nodes each in a twin partition of their own, the base
+# partition users submit to holding on-prem nodes only: "In the placement's order: the on-demand
+# twin"), Slurm keeps a new job in its base partition, so on on-prem nodes, until the
+# controller's next tick judges it and writes its twins in the placement's order. A job that
+# arrives between ticks takes on-prem room at once or waits for that tick to use the cloud, even
+# where a cloud node has room. (Without on-demand twins the base also holds on-demand nodes and
+# a new job could take on-demand room at once: the simulator models the recommended layout.)
+UNJUDGED_TIERS = (Capacity.ONPREM,)
 
 
 @dataclass
