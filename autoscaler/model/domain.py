@@ -446,8 +446,8 @@ class Placement(Frozen):
     spot_safe_onprem: OnPremUse = OnPremUse.FIRST
     rebalance_onprem: bool = False
     # Who says whether a job may use spot: the controller, judging each pending job every tick
-    # (Slurm's spot twin partitions: a job submitted since the last tick may use on-prem and
-    # on-demand nodes only until the next tick judges it), or the job's own submission (a
+    # (Slurm's spot and on-demand twin partitions: a job submitted since the last tick may use
+    # on-prem nodes only until the next tick judges it), or the job's own submission (a
     # peer's users pick an on-demand NodePool or partition by hand, so a job is placed on
     # arrival). The simulator's scheduler follows it.
     judged_each_tick: bool = True

@@ -200,9 +200,10 @@ def assumptions(prepared: Prepared) -> list[str]:
     )
     lines.append(
         "Where a policy keeps some jobs off spot and the controller judges each job (the "
-        "default), a job submitted between ticks may start on on-prem and on-demand nodes only "
-        "until the next tick judges it, as Slurm's spot partitions hold it live; the peers' "
-        "users declare a job's place when they submit it, so their jobs are placed on arrival."
+        "default), a job submitted between ticks may start on on-prem nodes only until the "
+        "next tick judges it, as Slurm's spot and on-demand twin partitions hold it live; the "
+        "peers' users declare a job's place when they submit it, so their jobs are placed on "
+        "arrival."
     )
     lines.extend(f"Demand series: {note}." for note in prepared.selection.notes)
     return lines

@@ -148,7 +148,7 @@ def one_busy_day() -> Prepared:
 def spot_safe_jobs_that_waited(prepared: Prepared, result: SimResult) -> int:
     """How many jobs allowed on spot (they checkpoint, not high priority) waited longer than a
     tick. A new job may wait up to one tick whatever is warm: the controller judges it spot-safe
-    at its next tick (Slurm's spot partitions hold it until then), so only a longer wait is one
+    at its next tick (Slurm's twin partitions hold it until then), so only a longer wait is one
     for an instance to boot."""
     jobs = {job.id: job for job in prepared.selection.jobs}
     tick = prepared.loaded.scenario.controller.tick_seconds
