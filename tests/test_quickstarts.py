@@ -121,6 +121,7 @@ def test_each_config_is_one_spot_pool_with_an_on_demand_fallback(name: str) -> N
         (hpc, gpus) = config["sources"]
         assert hpc["settings"]["join_user_data"] is True
         assert hpc["settings"]["spot_partitions"] == {"gpu": "gpu-spot"}
+        assert hpc["settings"]["on_demand_partitions"] == {"gpu": "gpu-od"}
         assert gpus["settings"]["node_label"] == "node"
     else:
         assert config["policy"]["params"]["unobserved_nodes"] == "surplus"
@@ -191,6 +192,7 @@ def test_the_slurm_doc_covers_the_slurm_side() -> None:
         "slurm.conf",
         "Nodeset=cloud-spot Feature=market-spot",
         "PartitionName=gpu-spot",
+        "PartitionName=gpu-od Nodes=cloud-on-demand",
         "MaxNodeCount",
         "munge",
         "join_user_data",
