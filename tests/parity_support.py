@@ -56,6 +56,7 @@ from slurm_cluster import (
     stop_reserve_node,
     wait_for,
 )
+from waits import bound
 
 from autoscaler.app.assembly import Mode, Parts, build_controller
 from autoscaler.fleet.telemetry import IdleTracker
@@ -669,7 +670,7 @@ class LiveRun:
             },
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=bound(60),
             check=False,
         )
         assert joined.returncode == 0, joined.stderr

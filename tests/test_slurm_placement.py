@@ -53,6 +53,7 @@ from slurm_cluster import (
     wait_for,
 )
 from test_checkpointing_job import EXAMPLE, TOKEN, RecordingLedger, Training
+from waits import bound
 
 from autoscaler.model import Instance, InstanceState, Market, OnPremUse, Placement, Pool
 from autoscaler.model.clock import SystemClock
@@ -203,7 +204,7 @@ def join(env: dict[str, str], tmp_path: Path, script: Path = JOIN_SCRIPT) -> tup
         env={"PATH": "/usr/bin:/bin", "GPU_AUTOSCALER_SLURMD": str(recorder), **env},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=bound(60),
         check=False,
     )
     args = recorded.read_text() if recorded.exists() else ""
@@ -395,7 +396,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             env=env,
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=bound(60),
             check=False,
         )
         assert joined.returncode == 0, joined.stderr
@@ -495,7 +496,7 @@ def test_no_protected_job_ever_runs_on_a_spot_node(clean: Fleet, tmp_path: Path)
     submissions = [_submission(rng, placement, records) for _ in range(SUBMISSIONS)]
     submitted: dict[str, Submission] = {}
     seen_on: dict[str, set[str]] = {}
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + bound(600)
 
     def observe() -> None:
         for job_id, node in _running_on(cluster).items():
@@ -865,7 +866,7 @@ def _submit_training(cluster: SlurmCluster, url: str, directory: Path, *sbatch: 
         },
         capture_output=True,
         text=True,
-        timeout=15,
+        timeout=bound(60),
         check=False,
     )
     assert done.returncode == 0, done.stderr
