@@ -23,13 +23,18 @@ COPY providers ./providers
 COPY policies ./policies
 COPY node_agent ./node_agent
 
-# Every cloud and the Postgres leader lock, at the versions CI tests (constraints.txt), and not
-# the report extra: numpy, scipy and matplotlib serve only `gpu-autoscaler report` and the lower
-# bound, never the controller (the build fails if one of them crept in). The venv's own
-# installers go afterwards: the final image installs nothing at run time.
-RUN /opt/venv/bin/pip install -c constraints.txt ".[aws,gcp,azure,postgres]" \
+# Every cloud, the Postgres leader lock, the Kubernetes client (the Lease lock a pod takes under
+# the default `leader: {kind: auto}`, and the kubernetes source) and the node agent's NVML
+# binding (deploy/kubernetes/overlays/agent runs `gpu-autoscaler-agent` from this image), at the
+# versions CI tests (constraints.txt), and not the report extra: numpy, scipy and matplotlib
+# serve only `gpu-autoscaler report` and the lower bound, never the controller (the build fails
+# if one of them crept in). The venv's own installers go afterwards: the final image installs
+# nothing at run time.
+RUN /opt/venv/bin/pip install -c constraints.txt ".[aws,gcp,azure,postgres,kubernetes,agent]" \
  && /opt/venv/bin/pip uninstall -y pip setuptools \
  && /opt/venv/bin/gpu-autoscaler --help > /dev/null \
+ && /opt/venv/bin/gpu-autoscaler-agent --help > /dev/null \
+ && /opt/venv/bin/python -c "import kubernetes.client, pynvml" \
  && /opt/venv/bin/python -c "import importlib.util as u, sys; \
         m = [n for n in ('numpy', 'scipy', 'matplotlib') if u.find_spec(n)]; \
         sys.exit(f'the report extra is in the image: {m}' if m else 0)"
