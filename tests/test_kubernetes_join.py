@@ -584,6 +584,24 @@ def test_the_script_alone_refuses_a_node_that_does_not_know_its_market(tmp_path:
     assert sandbox.calls("kubeadm") == []
 
 
+def test_the_script_alone_without_a_token_or_its_store_says_so(tmp_path: Path) -> None:
+    sandbox = Sandbox(tmp_path, "aws")
+    base = {"GPU_AUTOSCALER_MARKET": "spot", "GPU_AUTOSCALER_API_SERVER": API_SERVER}
+    for extra, says in (
+        ({}, "join-kubernetes-node: GPU_AUTOSCALER_TOKEN and _TOKEN_STORE are unset"),
+        (
+            {"GPU_AUTOSCALER_TOKEN_STORE": "vault"},
+            "join-kubernetes-node: no store 'vault' (GPU_AUTOSCALER_TOKEN_STORE)",
+        ),
+    ):
+        done = sandbox.run(join_script(), env={**base, **extra})
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert lines[0] == says
+        assert lines[1].startswith("join-kubernetes-node: cannot read the bootstrap token")
+        assert sandbox.calls("kubeadm") == []
+
+
 def test_no_cloud_metadata_and_no_name_given_is_one_line(tmp_path: Path) -> None:
     sandbox = Sandbox(tmp_path, "aws")
     (sandbox.bin / "curl").write_text("#!/bin/sh\nexit 7\n")
@@ -916,6 +934,16 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str, str]] = [
         joined({**GOOD_KUBEADM, "extra_labels": {"gpu-autoscaler.io/pool": "x"}}),
         "sources.k8s.join.extra_labels",
         "the gpu-autoscaler.io/ labels are the pool's",
+    ),
+    (
+        joined({**GOOD_KUBEADM, "extra_labels": {"team": "ml\n"}}),
+        "sources.k8s.join.extra_labels",
+        "is not a label value",
+    ),
+    (
+        joined({**GOOD_KUBEADM, "api_server": API_SERVER + "\n"}),
+        "sources.k8s.join",
+        "is not host:port",
     ),
     (
         joined({**GOOD_KUBEADM, "extra_labels": {"team": "a b"}}),

@@ -54,31 +54,31 @@ NODEADM_BOUNDARY = "gpu-autoscaler-nodeconfig"
 
 _NOT_LABEL_CHAR = re.compile(rb"[^A-Za-z0-9_.-]")
 _LEADING = re.compile(r"^[^A-Za-z0-9]+")
-_TRAILING = re.compile(r"[^A-Za-z0-9]+$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
-_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_FLAG_VALUE = re.compile(r'^[^\s"\\]*$')
-_HOST_PORT = re.compile(r"^(https://)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):([0-9]{1,5})/?$")
-_HTTPS_URL = re.compile(r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$")
-_CA_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
-_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
-_CIDR = re.compile(r"^[0-9a-fA-F.:]+/[0-9]{1,3}$")
-_EKS_CLUSTER = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")
-_AWS_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+_TRAILING = re.compile(r"[^A-Za-z0-9]+\Z")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\Z")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
+_FLAG_VALUE = re.compile(r'^[^\s"\\]*\Z')
+_HOST_PORT = re.compile(r"^(https://)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):([0-9]{1,5})/?\Z")
+_HTTPS_URL = re.compile(r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?\Z")
+_CA_HASH = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}\Z")
+_CIDR = re.compile(r"^[0-9a-fA-F.:]+/[0-9]{1,3}\Z")
+_EKS_CLUSTER = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}\Z")
+_AWS_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+\Z")
 # What each store names a secret with: a Secrets Manager name or ARN, a parameter name or ARN,
 # a Secret Manager secret id, a Key Vault secret name.
 _SECRET_NAMES = {
-    "aws-secrets-manager": re.compile(r"^[A-Za-z0-9/_+=.@:-]{1,2048}$"),
-    "aws-ssm": re.compile(r"^[A-Za-z0-9/_.:-]{1,2048}$"),
-    "gcp-secret-manager": re.compile(r"^[A-Za-z0-9_-]{1,255}$"),
-    "azure-key-vault": re.compile(r"^[A-Za-z0-9-]{1,127}$"),
+    "aws-secrets-manager": re.compile(r"^[A-Za-z0-9/_+=.@:-]{1,2048}\Z"),
+    "aws-ssm": re.compile(r"^[A-Za-z0-9/_.:-]{1,2048}\Z"),
+    "gcp-secret-manager": re.compile(r"^[A-Za-z0-9_-]{1,255}\Z"),
+    "azure-key-vault": re.compile(r"^[A-Za-z0-9-]{1,127}\Z"),
 }
-_GCP_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_GCP_VERSION = re.compile(r"^(latest|[1-9][0-9]*)$")
-_AZURE_VAULT = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,22}[A-Za-z0-9]$")
-_AZURE_CLIENT_ID = re.compile(r"^[0-9a-fA-F-]{36}$")
+_GCP_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]\Z")
+_GCP_VERSION = re.compile(r"^(latest|[1-9][0-9]*)\Z")
+_AZURE_VAULT = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,22}[A-Za-z0-9]\Z")
+_AZURE_CLIENT_ID = re.compile(r"^[0-9a-fA-F-]{36}\Z")
 
 Store = Literal[
     "aws-secrets-manager", "aws-ssm", "gcp-secret-manager", "azure-key-vault", "user-data"
@@ -404,7 +404,11 @@ def label_problem(key: str, value: str) -> str | None:
     if key.startswith(OUR_PREFIX):
         return f"{key}: the gpu-autoscaler.io/ labels are the pool's"
     kube = prefix in ("kubernetes.io", "k8s.io") or prefix.endswith((".kubernetes.io", ".k8s.io"))
-    if kube and not prefix.endswith(("node.kubernetes.io", "kubelet.kubernetes.io")):
+    allowed = any(
+        prefix == space or prefix.endswith("." + space)
+        for space in ("node.kubernetes.io", "kubelet.kubernetes.io")
+    )
+    if kube and not allowed:
         return f"{key}: a kubelet may not set labels under {prefix}/ (NodeRestriction)"
     if not _LABEL_VALUE.match(value):
         return f"{key}: {value[:80]!r} is not a label value"

@@ -221,8 +221,8 @@ secret() {
                 "$(var "GPU_AUTOSCALER_$1_VAULT_DOMAIN")" "$secret_name" \
                 "$(var "GPU_AUTOSCALER_$1_CLIENT_ID")"
             ;;
-        "") echo "GPU_AUTOSCALER_$1 and GPU_AUTOSCALER_$1_STORE are both unset" >&2 && return 1 ;;
-        *) echo "GPU_AUTOSCALER_$1_STORE '$store' is not a store this script reads" >&2 && return 1 ;;
+        "") echo "join-kubernetes-node: GPU_AUTOSCALER_$1 and _$1_STORE are unset" >&2 && return 1 ;;
+        *) echo "join-kubernetes-node: no store '$store' (GPU_AUTOSCALER_$1_STORE)" >&2 && return 1 ;;
     esac
 }
 token=$(secret TOKEN | tr -d '[:space:]') && [ -n "$token" ] ||
