@@ -5,7 +5,6 @@ static queue and a journal), and on a tick whose queue source failed."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import subprocess
@@ -108,21 +107,22 @@ def test_a_tick_without_demand_says_demand_known_false_and_leaves_the_counts_out
     assert values["errors"] == len(report.errors) >= 1
     assert " pending_gpus=unknown " in summary(report)
 
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter(Secrets()))
-    logger = logging.getLogger("test-tick-summary")
-    logger.handlers, logger.propagate = [handler], False
-    logger.warning(summary(report), extra={"tick": report.tick, **values})
-    event = json.loads(stream.getvalue())
+    # the formatters on a record made as logger.warning(..., extra=...) makes it: no handler, so
+    # no level or logging.disable an earlier test in this worker left behind can swallow it
+    record = logging.getLogger("test-tick-summary").makeRecord(
+        "test-tick-summary",
+        logging.WARNING,
+        __file__,
+        0,
+        summary(report),
+        (),
+        None,
+        extra={"tick": report.tick, **values},
+    )
+    event = json.loads(JsonFormatter(Secrets()).format(record))
     assert event["demand_known"] is False and event["errors"] == values["errors"]
     assert "pending_gpus" not in event
-
-    handler.setFormatter(PlainFormatter(Secrets()))
-    stream.truncate(0)
-    stream.seek(0)
-    logger.warning(summary(report), extra={"tick": report.tick, **values})
-    assert stream.getvalue().rstrip().endswith(summary(report))
+    assert PlainFormatter(Secrets()).format(record).rstrip().endswith(summary(report))
 
 
 def test_clamps_are_the_sorted_names_of_the_rules_that_clamped_and_only_then() -> None:
