@@ -366,7 +366,7 @@ def json_patch(target: dict[str, Any], operations: list[Any]) -> dict[str, Any]:
 # -- the server's state -------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(repr=False)
 class K8sApi:
     """The emulator's state, and what a test steers it with."""
 
@@ -1148,11 +1148,14 @@ def _handler(api: K8sApi) -> type[BaseHTTPRequestHandler]:
                 self._stream(answer)
                 return
             data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                self.close_connection = True  # the client gave up waiting (a timeout test)
 
         def _stream(self, events: Iterator[dict[str, Any]]) -> None:
             self.send_response(200)

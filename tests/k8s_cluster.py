@@ -478,3 +478,17 @@ def wait_for(condition: Any, timeout_s: float, interval_s: float = 0.05) -> bool
             return True
         time.sleep(interval_s)
     return bool(condition())
+
+
+def tried(p: Obj, message: str = "0/0 nodes are available.") -> Obj:
+    """``p`` as the scheduler leaves a pod it found no node for (before it is stored)."""
+    p["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": rfc3339(),
+        }
+    ]
+    return p

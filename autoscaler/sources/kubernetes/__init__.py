@@ -1,0 +1,352 @@
+"""Kubernetes as the controller's queue, node source and workload scheduler, through the API.
+
+The roles are the Slurm adapter's (docs/kubernetes.md):
+
+* demand (``read``): pending pods the scheduler found no node for that ask for GPUs, folded
+  into demand groups (``demand``);
+* nodes (``read_nodes``): on-prem GPU nodes, and our cloud nodes (``gpu-autoscaler.io/managed``)
+  by the instance id in their providerID, with the GPUs their pods hold (``nodes``);
+* scheduler: ``drain`` cordons a node and evicts the pods that hold no GPU through the Eviction
+  API (GPU pods finish, or leave at their checkpoints); ``evict`` (a drain past its timeout)
+  evicts the rest, through the Eviction API so a PodDisruptionBudget that refuses keeps the
+  node until it allows (``drain_timeout_action: evict``), or by deleting them (``delete``);
+  ``apply_placement`` keeps our nodes' spot taint and pool labels as the join gave them (the
+  placement itself is the pods' tolerations: nothing is written per pod);
+* checkpointing: ``running_jobs`` (GPU pods by node), ``signal`` (the annotation
+  ``gpu-autoscaler.io/checkpoint-requested`` a sidecar watches), ``requeue`` (the pod of a Job
+  is deleted and its controller makes a new one; a bare pod is not deleted, and said);
+* the join: ``join_user_data`` renders each pool's boot script (``kubernetes_join``).
+
+Every API call is in ``autoscaler.sources.kubernetes.api``; an API server that fails or does not
+answer makes the reading fail (demand unknown, never zero). A pod or node that cannot be read is
+left out with a counted one-line warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autoscaler.model import DemandGroup, Placement, Pool
+from autoscaler.model.errors import SourceError
+from autoscaler.model.inputfile import validate_settings
+from autoscaler.model.optional import require_extra
+from autoscaler.sources import kubernetes_join
+from autoscaler.sources.kubernetes.api import KubeApi, Listing
+from autoscaler.sources.kubernetes.demand import describe, pending_demand
+from autoscaler.sources.kubernetes.nodes import (
+    Allocation,
+    BadNodeError,
+    Node,
+    Nodes,
+    node_reading,
+    running_jobs,
+    workload,
+)
+from autoscaler.sources.kubernetes.pods import BadPodError, PodRules, Times, read_pod
+from autoscaler.sources.kubernetes.settings import KubernetesSettings
+from autoscaler.spi.sources import NodeReading, RunningJob
+
+__all__ = ["KubernetesSettings", "KubernetesSource"]
+
+log = logging.getLogger(__name__)
+
+# How old a pod list one role read may be for another role of the same tick to use it.
+REUSE_S = 30.0
+_NODE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$")
+_JOB = re.compile(r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)$")
+_SIGNAL = re.compile(r"^(SIG)?[A-Za-z0-9]{1,16}$")
+
+
+class KubernetesSource:
+    """Queue source, node source, workload scheduler and checkpointing scheduler of one
+    cluster, and the renderer of its cloud nodes' boot script."""
+
+    Settings = KubernetesSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
+
+    def __init__(
+        self, settings: KubernetesSettings, name: str = "kubernetes", api: KubeApi | None = None
+    ) -> None:
+        self.settings = settings
+        self.name = name
+        self.where = f"kubernetes source '{name}'"
+        self.rules = PodRules.of(settings)
+        self.api = api or KubeApi(settings, self.where)
+        # what the last reading could not read as it is, one line each, and how many
+        self.problems: tuple[str, ...] = ()
+        self.skipped = 0
+        self._said: frozenset[str] = frozenset()
+        self._pods: tuple[float, float, Listing] | None = None
+        self._nodes: Nodes | None = None
+        self._empty_since: dict[str, float] = {}
+        self._pools: dict[str, Pool] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], name: str) -> KubernetesSource:
+        parsed = validate_settings(KubernetesSettings, dict(settings), field=f"sources.{name}")
+        # said at the start, not as a failing read on every tick
+        require_extra(
+            "the kubernetes source", "kubernetes", ("kubernetes",), field=f"sources.{name}"
+        )
+        return cls(parsed, name)
+
+    def close(self) -> None:
+        self.api.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _pod_list(self, now: float | None) -> Listing:
+        """Every unfinished pod: listed once a tick, the same list serving demand and nodes
+        (``now`` is the tick's; None lists afresh)."""
+        with self._lock:
+            kept = self._pods
+        if (
+            now is not None
+            and kept is not None
+            and kept[0] == now
+            and time.monotonic() - kept[1] <= REUSE_S
+        ):
+            return kept[2]
+        listing = self.api.list_pods()
+        with self._lock:
+            self._pods = (now if now is not None else float("nan"), time.monotonic(), listing)
+        return listing
+
+    def _read_nodes(self) -> Nodes:
+        try:
+            nodes = Nodes.read(self.api.list_nodes().items, self.rules)
+        except BadNodeError as exc:
+            raise SourceError(f"{self.where}: list nodes: {exc}") from None
+        with self._lock:
+            self._nodes = nodes
+        return nodes
+
+    def read(self, now: float) -> Sequence[DemandGroup]:
+        reading = pending_demand(self._pod_list(now).items, self.rules)
+        if reading.unhostable:
+            reading.bad.insert(
+                0,
+                f"{len(reading.unhostable)} pending pod(s) ask for a GPU resource no setting "
+                f"counts (extra_gpu_resources), counted as demand no pool can host: "
+                f"{describe(reading.unhostable)}",
+            )
+        self._tell(reading.bad, "pending pod(s)")
+        return reading.groups
+
+    def read_nodes(self, now: float) -> NodeReading:
+        nodes = self._read_nodes()
+        allocation = Allocation.of(self._pod_list(now).items, self.rules)
+        reading, self._empty_since = node_reading(nodes, allocation, self._empty_since, now)
+        problems = list(nodes.bad)
+        problems += [f"counted as fully allocated: {why}" for why in allocation.unreadable.values()]
+        self._tell(problems, "node(s) or bound pod(s)")
+        return reading
+
+    def _tell(self, problems: list[str], what: str) -> None:
+        """One warning line when the problems change, not every tick."""
+        self.skipped = len(problems)
+        self.problems = tuple(problems)
+        said = frozenset(problems)
+        if problems and said != self._said:
+            log.warning(
+                "%s: %d %s not read as they are: %s",
+                self.where,
+                len(problems),
+                what,
+                describe(problems),
+            )
+        self._said = said
+
+    # -- running jobs and checkpoints ------------------------------------------------------------
+
+    def running_jobs_by_node(self) -> dict[str, list[RunningJob]]:
+        """Every node's GPU pods from one pod list (and one node list, for the instance ids)."""
+        nodes = self._read_nodes()
+        found, bad = running_jobs(self._pod_list(None).items, nodes, self.rules)
+        if bad:
+            log.warning("%s: %d running pod(s) not read: %s", self.where, len(bad), describe(bad))
+        return found
+
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        return self.running_jobs_by_node().get(_check_node(node, self.where), [])
+
+    def signal(self, job_id: str, signal: str) -> None:
+        """Ask a pod to checkpoint: the annotation ``checkpoint-requested`` set to the time now
+        (unix seconds), which the pod's sidecar or trainer watches through a downward-API volume
+        (docs/kubernetes.md). ``signal`` is the pod's own declaration and not sent: a container's
+        signals are the kubelet's, not the API's. A pod gone since is not an error."""
+        namespace, name = _check_job(job_id, self.where)
+        if not _SIGNAL.match(signal):
+            raise SourceError(f"{self.where}: {signal[:40]!r} is not a signal name")
+        self.api.change_pod(
+            namespace,
+            name,
+            {
+                "metadata": {
+                    "annotations": {
+                        self.settings.annotation("checkpoint-requested"): str(int(time.time()))
+                    }
+                }
+            },
+        )
+
+    def requeue(self, job_id: str) -> None:
+        """Delete a pod whose controller (a Job, a ReplicaSet, ...) makes a new one in its place,
+        which the scheduler then places where there is room. A bare pod, or a DaemonSet's, is
+        not deleted: nothing would bring it back, or it would come back on the same node."""
+        namespace, name = _check_job(job_id, self.where)
+        obj = self.api.read_pod(namespace, name)
+        if obj is None:
+            return
+        try:
+            pod = read_pod(obj, self.rules, Times())
+        except BadPodError as exc:
+            raise SourceError(f"{self.where}: requeue {job_id}: {exc}") from None
+        if pod.owner_kind is None or pod.daemon:
+            what = (
+                "a bare pod: no controller makes it again"
+                if pod.owner_kind is None
+                else (f"a {pod.owner_kind}'s pod: it would come back on the same node")
+            )
+            raise SourceError(f"{self.where}: requeue {job_id}: not deleted, it is {what}")
+        self.api.delete_pod(namespace, name, pod.uid or None)
+
+    # -- draining --------------------------------------------------------------------------------
+
+    def _node(self, key: str) -> Node:
+        """The node the controller calls ``key``, from the last node list or a fresh one."""
+        _check_node(key, self.where)
+        with self._lock:
+            nodes = self._nodes
+        found = nodes.by_key(key) if nodes is not None else None
+        if found is None:
+            found = self._read_nodes().by_key(key)
+        if found is None:
+            raise SourceError(f"{self.where}: no node is instance or node {key}")
+        return found
+
+    def drain(self, node: str, reason: str) -> int:
+        """Cordon the node and evict the pods on it that hold no GPU (through the Eviction API:
+        a PodDisruptionBudget that refuses is asked again next tick); returns how many pods
+        still run there, GPU pods and pods still terminating included. DaemonSet and mirror
+        pods stay, as ``kubectl drain`` leaves them."""
+        found = self._node(node)
+        if not found.cordoned:
+            self.api.change_node(
+                found.name,
+                {
+                    "metadata": {
+                        "annotations": {self.settings.annotation("drain-reason"): reason[:200]}
+                    },
+                    "spec": {"unschedulable": True},
+                },
+            )
+        pods, bad = workload(self.api.list_pods_on(found.name), self.rules)
+        for pod in pods:
+            if pod.gpus or pod.terminating:
+                continue
+            refused = self.api.evict_pod(pod.namespace, pod.name)
+            if refused is not None:
+                log.info(
+                    "%s: drain %s: pod %s stays: %s", self.where, node, pod.id, refused.message
+                )
+        return len(pods) + len(bad)
+
+    def evict(self, node: str, reason: str) -> int:
+        """Move every pod off a node that is going away (its drain timed out): through the
+        Eviction API, or by deletion with ``drain_timeout_action: delete``. Raises, after doing
+        what it could, while a PodDisruptionBudget refuses or a pod is still terminating, so the
+        node is let go only once its pods are gone; returns how many pods it moved."""
+        found = self._node(node)
+        pods, bad = workload(self.api.list_pods_on(found.name), self.rules)
+        moved, waiting, refused = 0, 0, []
+        for pod in pods:
+            if pod.terminating:
+                waiting += 1
+            elif self.settings.drain_timeout_action == "delete":
+                self.api.delete_pod(pod.namespace, pod.name, pod.uid or None)
+                moved += 1
+            else:
+                answer = self.api.evict_pod(pod.namespace, pod.name)
+                if answer is None:
+                    moved += 1
+                else:
+                    refused.append(f"{pod.id}: {answer.message}")
+        if refused or bad or waiting:
+            said = refused[:1] or bad[:1]
+            raise SourceError(
+                f"{self.where}: evict {node} ({reason}): moved {moved}, "
+                f"{len(refused)} refused, {len(bad)} unreadable, {waiting} still terminating; "
+                f"asked again next tick{': ' + said[0] if said else ''}"
+            )
+        return moved
+
+    # -- placement and the join ------------------------------------------------------------------
+
+    def join_user_data(self, pool: Pool) -> str | None:
+        """The boot script of an instance of ``pool`` when ``join_user_data`` asks for it; the
+        pool is remembered either way, so ``apply_placement`` knows its nodes' labels."""
+        self._pools[kubernetes_join.label_value(pool.name)] = pool
+        return kubernetes_join.join_user_data(pool, self.settings, self.name)
+
+    def apply_placement(self, placement: Placement) -> None:
+        """Nothing is written per pod: a pod that may run on spot tolerates the spot taint, a
+        protected one lacks the toleration, and the scheduler keeps each where it may go. What
+        this keeps is the nodes' side: every managed spot node carries the taint and no other
+        managed node does, and a node of a pool this source knows carries its pool's labels
+        (market, pool, GPU model). A node is patched only where it differs, under the
+        resourceVersion it was read at, so a change made meanwhile is not overwritten."""
+        listing = self.api.list_nodes(f"{kubernetes_join.MANAGED_LABEL}=true")
+        try:
+            nodes = Nodes.read(listing.items, self.rules)
+        except BadNodeError as exc:
+            raise SourceError(f"{self.where}: placement: {exc}") from None
+        failures: list[str] = []
+        for node in nodes.by_name.values():
+            patch = self._placement_patch(node)
+            if not patch:
+                continue
+            meta = {**patch.get("metadata", {}), "resourceVersion": node.resource_version}
+            try:
+                self.api.change_node(node.name, {**patch, "metadata": meta})
+            except SourceError as exc:
+                failures.append(str(exc))
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise SourceError(f"{failures[0]}{more}")
+
+    def _placement_patch(self, node: Node) -> dict[str, Any]:
+        patch: dict[str, Any] = {}
+        pool = self._pools.get(node.pool or "")
+        market = pool.market.value if pool is not None else node.market
+        if pool is not None:
+            wanted = kubernetes_join.node_labels(pool)
+            labels = {k: v for k, v in wanted.items() if node.labels.get(k) != v}
+            if labels:
+                patch["metadata"] = {"labels": labels}
+        spot = self.settings.spot_toleration_key
+        tainted = any(t.get("key") == spot for t in node.taints)
+        if (market == "spot") != tainted:
+            kept = [dict(t) for t in node.taints if t.get("key") != spot]
+            if market == "spot":
+                kept.append({"key": spot, "value": "true", "effect": "NoSchedule"})
+            patch["spec"] = {"taints": kept}
+        return patch
+
+
+def _check_node(node: str, where: str) -> str:
+    if not _NODE.match(node):
+        raise SourceError(f"{where}: {node[:80]!r} is not a node name or instance id")
+    return node
+
+
+def _check_job(job_id: str, where: str) -> tuple[str, str]:
+    match = _JOB.match(job_id)
+    if match is None:
+        raise SourceError(f"{where}: {job_id[:80]!r} is not a pod (namespace/name)")
+    return match[1], match[3]

@@ -1,0 +1,168 @@
+"""Pending GPU pods folded into demand groups, the shape the Slurm source gives.
+
+A pod is demand when the scheduler tried it and found no node (``PodScheduled=False``, reason
+``Unschedulable``) and it asks for GPUs of a counted resource: a pod created since the
+scheduler's last pass, one gated by ``schedulingGates`` and one being deleted are not, as for
+Cluster Autoscaler. Each pod is one job of its GPUs on one node; the pending pods of a gang (a
+coscheduling pod group, an Indexed Job) are one job of a node each, all at once, with the
+largest pod's GPUs on every node.
+
+A pod may be planned on spot when it declares a checkpoint interval, is not high priority and
+tolerates the spot taint: the taint is what keeps it off spot nodes, so a pod without the
+toleration is planned as one that must stay off spot, whatever it declares.
+
+A pod asking for a GPU-like resource no setting counts (``amd.com/gpu``) is demand no pool can
+host (its model is the resource's name), so the controller reports it as unhostable rather
+than reading it as no demand. A pod whose fields cannot be read is left out and named in the
+reading's problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoscaler.model import DemandGroup
+from autoscaler.sources.kubernetes.pods import BadPodError, Pod, PodRules, Times, ident, read_pod
+from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
+from autoscaler.spi.sources import GroupKey, OldestJobs, groups_from_counts
+
+
+@dataclass
+class Reading:
+    """Demand groups, and the pods left out or unhostable, each as one line."""
+
+    groups: list[DemandGroup] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+    unhostable: list[str] = field(default_factory=list)
+    pending: int = 0
+
+
+@dataclass
+class _Gang:
+    members: list[Pod] = field(default_factory=list)
+    running: int = 0
+
+
+def _maybe_pending(obj: Any) -> bool:
+    """A cheap look before the full read: only pods not bound to a node can be demand."""
+    if not isinstance(obj, dict):
+        return True  # read fully, to be named as bad
+    spec, status = obj.get("spec"), obj.get("status")
+    if isinstance(spec, dict) and spec.get("nodeName"):
+        return False
+    return not (isinstance(status, dict) and status.get("phase") not in (None, "Pending"))
+
+
+def _gang_of(obj: Any, rules: PodRules) -> str | None:
+    """The gang a bound pod belongs to, read from its labels alone (running members)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    if not isinstance(labels, dict) or not isinstance(namespace, str):
+        return None
+    for key in rules.group_labels:
+        group = labels.get(key)
+        if isinstance(group, str) and group:
+            return f"{namespace}/{group}"
+    return None
+
+
+def pending_demand(pods: Iterable[Any], rules: PodRules) -> Reading:
+    """Fold the pods of one list into demand groups."""
+    reading = Reading()
+    times = Times()
+    counts: dict[GroupKey, int] = {}
+    oldest: dict[GroupKey, OldestJobs] = {}
+    gangs: dict[str, _Gang] = {}
+    bound_members: dict[str, int] = {}
+
+    def add(key: GroupKey, job_id: str, created: float) -> None:
+        reading.pending += 1
+        if key in counts:
+            counts[key] += 1
+            oldest[key].offer(created, job_id)
+        else:
+            counts[key] = 1
+            oldest[key] = OldestJobs(created, job_id)
+
+    for obj in pods:
+        if not _maybe_pending(obj):
+            if rules.group_labels:
+                member_of = _gang_of(obj, rules)
+                if member_of:
+                    bound_members[member_of] = bound_members.get(member_of, 0) + 1
+            continue
+        try:
+            pod = read_pod(obj, rules, times)
+        except BadPodError as exc:
+            reading.bad.append(f"pod {ident(obj)}: {exc}")
+            continue
+        if not pod.unschedulable or pod.terminating:
+            continue
+        if rules.namespaces is not None and pod.namespace not in rules.namespaces:
+            continue
+        gpus = pod.gpus or pod.other_gpus
+        if not gpus:
+            continue
+        if pod.other_resource:
+            reading.unhostable.append(f"pod {pod.id} asks for {pod.other_resource}")
+        if gpus > MAX_GPUS_PER_NODE:
+            reading.bad.append(f"pod {pod.id}: asks {gpus:,} GPUs of one node")
+            continue
+        if pod.checkpointing.problem:
+            reading.bad.append(
+                f"pod {pod.id} counts as not checkpointing: {pod.checkpointing.problem}"
+            )
+        if pod.gang:
+            gangs.setdefault(pod.gang, _Gang()).members.append(pod)
+            continue
+        add(_key(pod, gpus, 1), pod.id, pod.created)
+    for name, gang in gangs.items():
+        gang.running = bound_members.get(name, 0)
+        nodes = len(gang.members)
+        size = max((m.gang_size or 0) for m in gang.members)
+        if size:
+            nodes = max(nodes, size - gang.running)
+        if nodes > MAX_JOB_NODES:
+            reading.bad.append(f"pod group {name}: {nodes:,} pods at once")
+            continue
+        first = min(gang.members, key=lambda m: (m.created, m.id))
+        per_node = max(m.gpus or m.other_gpus for m in gang.members)
+        intervals = [m.spot_safe_interval for m in gang.members]
+        key = GroupKey(
+            per_node * nodes,
+            None if any(i is None for i in intervals) else min(i for i in intervals if i),
+            any(m.high_priority for m in gang.members),
+            first.gpu_models,
+            None,
+            nodes,
+            first.min_gpu_memory_gib,
+        )
+        add(key, name, first.created)
+        reading.pending += len(gang.members) - 1
+    reading.groups = groups_from_counts(
+        counts,
+        {k: v.submitted() for k, v in oldest.items()},
+        {k: v.ids() for k, v in oldest.items()},
+    )
+    return reading
+
+
+def _key(pod: Pod, gpus: int, nodes: int) -> GroupKey:
+    return GroupKey(
+        gpus * nodes,
+        pod.spot_safe_interval,
+        pod.high_priority,
+        pod.gpu_models,
+        None,
+        nodes,
+        pod.min_gpu_memory_gib,
+    )
+
+
+def describe(lines: list[str], shown: int = 3) -> str:
+    """Up to ``shown`` of the lines, and how many more."""
+    more = len(lines) - shown
+    return "; ".join(lines[:shown]) + (f" (and {more} more)" if more > 0 else "")
