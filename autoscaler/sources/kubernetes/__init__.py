@@ -230,12 +230,24 @@ class KubernetesSource:
             raise SourceError(f"{self.where}: no node is instance or node {key}")
         return found
 
+    def _current(self, node: Node) -> Node:
+        """The node as it is now (the last node list may be a tick old)."""
+        listing = self.api.list_nodes(field_selector=f"metadata.name={node.name}")
+        try:
+            nodes = Nodes.read(listing.items, self.rules)
+        except BadNodeError as exc:
+            raise SourceError(f"{self.where}: list nodes: {exc}") from None
+        found = nodes.by_name.get(node.name)
+        if found is None:
+            raise SourceError(f"{self.where}: node {node.name} is gone")
+        return found
+
     def drain(self, node: str, reason: str) -> int:
         """Cordon the node and evict the pods on it that hold no GPU (through the Eviction API:
         a PodDisruptionBudget that refuses is asked again next tick); returns how many pods
         still run there, GPU pods and pods still terminating included. DaemonSet and mirror
         pods stay, as ``kubectl drain`` leaves them."""
-        found = self._node(node)
+        found = self._current(self._node(node))
         if not found.cordoned:
             self.api.change_node(
                 found.name,
@@ -277,6 +289,11 @@ class KubernetesSource:
                     moved += 1
                 else:
                     refused.append(f"{pod.id}: {answer.message}")
+        if moved and not (refused or bad or waiting):
+            # an evicted or deleted pod shuts down within its grace period: the node is let go
+            # once it is gone, not under it
+            left, bad = workload(self.api.list_pods_on(found.name), self.rules)
+            waiting = len(left)
         if refused or bad or waiting:
             said = refused[:1] or bad[:1]
             raise SourceError(

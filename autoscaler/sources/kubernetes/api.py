@@ -93,11 +93,14 @@ class KubeApi:
         """The pods bound to ``node`` that have not finished."""
         return self.list_pods(f"spec.nodeName={node},{NOT_FINISHED}").items
 
-    def list_nodes(self, label_selector: str | None = None) -> Listing:
+    def list_nodes(
+        self, label_selector: str | None = None, field_selector: str | None = None
+    ) -> Listing:
         response = self._call(
             "list nodes",
             lambda core: core.list_node(
                 label_selector=label_selector,
+                field_selector=field_selector,
                 _preload_content=False,
                 _request_timeout=self.settings.request_timeout_s,
             ),
@@ -126,32 +129,36 @@ class KubeApi:
     def change_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """A strategic-merge patch of a pod; False when the pod is gone."""
         try:
-            self._call(
-                f"patch pod {namespace}/{name}",
-                lambda core: core.patch_namespaced_pod(
-                    name,
-                    namespace,
-                    dict(patch),
-                    _preload_content=False,
-                    _request_timeout=self.settings.request_timeout_s,
-                ),
-                missing_ok=True,
-            ).release_conn()
+            _finish(
+                self._call(
+                    f"patch pod {namespace}/{name}",
+                    lambda core: core.patch_namespaced_pod(
+                        name,
+                        namespace,
+                        dict(patch),
+                        _preload_content=False,
+                        _request_timeout=self.settings.request_timeout_s,
+                    ),
+                    missing_ok=True,
+                )
+            )
         except _MissingError:
             return False
         return True
 
     def change_node(self, name: str, patch: Mapping[str, Any]) -> None:
         """A strategic-merge patch of a node (``spec.unschedulable``, labels, the taints)."""
-        self._call(
-            f"patch node {name}",
-            lambda core: core.patch_node(
-                name,
-                dict(patch),
-                _preload_content=False,
-                _request_timeout=self.settings.request_timeout_s,
-            ),
-        ).release_conn()
+        _finish(
+            self._call(
+                f"patch node {name}",
+                lambda core: core.patch_node(
+                    name,
+                    dict(patch),
+                    _preload_content=False,
+                    _request_timeout=self.settings.request_timeout_s,
+                ),
+            )
+        )
 
     def delete_pod(self, namespace: str, name: str, uid: str | None) -> bool:
         """Delete a pod (only the one of ``uid``, when given: not a namesake made since); False
@@ -163,17 +170,19 @@ class KubeApi:
             preconditions=V1Preconditions(uid=uid) if uid else None,
         )
         try:
-            self._call(
-                f"delete pod {namespace}/{name}",
-                lambda core: core.delete_namespaced_pod(
-                    name,
-                    namespace,
-                    body=options,
-                    _preload_content=False,
-                    _request_timeout=self.settings.request_timeout_s,
-                ),
-                missing_ok=True,
-            ).release_conn()
+            _finish(
+                self._call(
+                    f"delete pod {namespace}/{name}",
+                    lambda core: core.delete_namespaced_pod(
+                        name,
+                        namespace,
+                        body=options,
+                        _preload_content=False,
+                        _request_timeout=self.settings.request_timeout_s,
+                    ),
+                    missing_ok=True,
+                )
+            )
         except _MissingError:
             return False
         return True
@@ -210,7 +219,7 @@ class KubeApi:
             raise self._failure(f"evict pod {namespace}/{name}", exc) from None
         except _errors() as exc:
             raise self._failure(f"evict pod {namespace}/{name}", exc) from None
-        response.release_conn()
+        _finish(response)
         return None
 
     def close(self) -> None:
@@ -283,6 +292,15 @@ class KubeApi:
                 self._client = _client(self.settings, self.where)
                 self._core = CoreV1Api(self._client)
             return self._core
+
+
+def _finish(response: Any) -> None:
+    """Read the rest of an answer we do not use and give the connection back: a connection
+    handed back with its answer unread would serve that answer to the next request."""
+    try:
+        response.read()
+    finally:
+        response.release_conn()
 
 
 class _MissingError(Exception):
