@@ -18,7 +18,16 @@ from typing import Any
 
 import pytest
 from k8s_api_emulator import K8sApi
-from k8s_cluster import JobController, finish, node, pod, schedule, spot_taint, spot_toleration
+from k8s_cluster import (
+    JobController,
+    finish,
+    node,
+    pod,
+    schedule,
+    spot_taint,
+    spot_toleration,
+    tried,
+)
 from k8s_source_support import make_source
 
 from autoscaler.app.assembly import Mode, Parts, build_controller
@@ -278,3 +287,35 @@ def test_a_notice_asks_the_pod_to_checkpoint_then_its_job_makes_it_again(world: 
     )
     moved_to = world.node_of(again)
     assert moved_to is not None and moved_to["metadata"]["name"] != where
+
+
+def test_a_failing_api_server_holds_scale_down_and_says_which_call(world: World) -> None:
+    add_job(world, "work", spot=True)
+    schedule(world.api)
+    tick_until(world, lambda: bool(world.pods("work-")[0]["spec"].get("nodeName")))
+    for made in world.pods("work-"):
+        finish(world.api, made["metadata"]["name"], "ml")
+    world.api.fail(503, path=r"^/api/v1/pods")
+    for _ in range(4):  # long past the node's consolidation wait
+        report = world.tick()
+        assert not report.view.demand.known
+        assert any("list pods: HTTP 503" in e for e in report.errors), report.errors
+        assert not [a for a in report.actions if a.kind in ("drain", "terminate")], report.actions
+    assert all(i.state is InstanceState.RUNNING for i in world.instances().values())
+    world.api.heal()
+    tick_until(
+        world,
+        lambda: (
+            not world.instances()
+            or all(i.state is InstanceState.TERMINATED for i in world.instances().values())
+        ),
+    )
+
+
+def test_a_pod_asking_for_a_resource_no_pool_has_is_reported_unhostable(world: World) -> None:
+    made = tried(pod("amd", "ml", gpus=2, resource="amd.com/gpu"))
+    world.api.put("pods", made)
+    report = world.tick()
+    assert report.view.demand.known
+    assert [(u.jobs, u.shape.gpu_models) for u in report.unhostable] == [(1, ("amd.com/gpu",))]
+    assert not world.instances(), "nothing is bought for it"

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from autoscaler.model.errors import SourceError
 from autoscaler.model.logs import register_secret
 from autoscaler.model.secrets import read_secret_env
@@ -271,8 +273,8 @@ class KubeApi:
     def _object(self, what: str, response: Any) -> Obj:
         try:
             data = response.data
-            document = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+            document = msgspec.json.decode(data)
+        except (msgspec.DecodeError, ValueError, RecursionError) as exc:
             raise SourceError(
                 f"{self.where}: {what}: the answer is not JSON ({type(exc).__name__})"
             ) from None
