@@ -293,7 +293,11 @@ def test_bad_pods_are_left_out_with_one_warning_and_the_rest_count(
     k8s_api.put("pods", tried(pod("absurd", gpus=5000)))
     with caplog.at_level(logging.WARNING, "autoscaler.sources.kubernetes"):
         groups = source.read(1.0)
+        source.read_nodes(1.0)
         again = source.read(2.0)
+        source.read_nodes(2.0)
+        assert source.skipped == 0, "read_nodes: no node or bound pod is unreadable"
+        again = source.read(3.0)
     assert groups == again
     shapes = {(g.gpus_per_job, g.gpu_models, g.checkpoint_interval_s): g.jobs for g in groups}
     assert shapes == {(2, (), None): 1, (1, (), None): 1, (2, ("amd.com/gpu",), None): 1}

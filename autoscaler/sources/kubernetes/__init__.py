@@ -79,7 +79,7 @@ class KubernetesSource:
         # what the last reading could not read as it is, one line each, and how many
         self.problems: tuple[str, ...] = ()
         self.skipped = 0
-        self._said: frozenset[str] = frozenset()
+        self._said: dict[str, frozenset[str]] = {}  # what each reading last warned of
         self._pods: tuple[float, float, Listing] | None = None
         self._nodes: Nodes | None = None
         self._empty_since: dict[str, float] = {}
@@ -148,11 +148,12 @@ class KubernetesSource:
         return reading
 
     def _tell(self, problems: list[str], what: str) -> None:
-        """One warning line when the problems change, not every tick."""
+        """One warning line when a reading's problems change, not every tick; ``skipped`` and
+        ``problems`` are the last reading's."""
         self.skipped = len(problems)
         self.problems = tuple(problems)
         said = frozenset(problems)
-        if problems and said != self._said:
+        if problems and said != self._said.get(what):
             log.warning(
                 "%s: %d %s not read as they are: %s",
                 self.where,
@@ -160,7 +161,7 @@ class KubernetesSource:
                 what,
                 describe(problems),
             )
-        self._said = said
+        self._said[what] = said
 
     # -- running jobs and checkpoints ------------------------------------------------------------
 
