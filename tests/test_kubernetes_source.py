@@ -535,3 +535,21 @@ def test_every_api_call_is_in_one_module_and_is_what_the_docs_list() -> None:
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
     for _, resource, verb in expected:
         assert f"| `{verb}` | `{resource}` |" in doc, (verb, resource)
+
+
+def test_a_kubeconfig_and_its_context_reach_the_cluster(k8s_api: K8sApi, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: other\n"
+        f"clusters:\n- name: emu\n  cluster: {{server: '{k8s_api.url}'}}\n"
+        "- name: elsewhere\n  cluster: {server: 'http://127.0.0.1:9'}\n"
+        f"users:\n- name: me\n  user: {{token: '{k8s_api.token}'}}\n"
+        "contexts:\n- name: emu\n  context: {cluster: emu, user: me}\n"
+        "- name: other\n  context: {cluster: elsewhere, user: me}\n"
+    )
+    k8s_api.put("pods", tried(pod("a", gpus=1)))
+    chosen = KubernetesSource.from_config(
+        {"kubeconfig": str(kubeconfig), "context": "emu"}, "cluster"
+    )
+    assert [g.oldest_jobs for g in chosen.read(1.0)] == [("default/a",)]
+    chosen.close()
