@@ -90,6 +90,9 @@ def test_pending_unschedulable_gpu_pods_are_demand_and_nothing_else_is(
     k8s_api.put("nodes", node("onprem-1", 8))
     k8s_api.put("pods", pod("running", gpus=2))
     bind(k8s_api, "running", "default", "onprem-1")
+    preempting = tried(pod("preempting", gpus=8))
+    preempting["status"]["nominatedNodeName"] = "onprem-1"  # waits for its victims to leave
+    k8s_api.put("pods", preempting)
     leaving = tried(pod("leaving", gpus=2))
     leaving["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"
     k8s_api.put("pods", leaving)

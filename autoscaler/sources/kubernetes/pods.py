@@ -438,7 +438,11 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
         phase=phase,
         node=node,
         terminating=bool(meta.get("deletionTimestamp")),
-        unschedulable=node is None and phase == "Pending" and _unschedulable(status),
+        # a pod nominated to a node waits for the pods it preempts there to leave, not for one
+        unschedulable=node is None
+        and phase == "Pending"
+        and not status.get("nominatedNodeName")
+        and _unschedulable(status),
         gpus=gpus,
         created=times(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
         started=times(started, "status.startTime") if started else None,
