@@ -20,11 +20,15 @@ scheduling pass of every test.
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -35,7 +39,7 @@ from k8s_cluster import JobController, bind, finish, node, pod, schedule, spot_t
 from k8s_source_support import make_source
 from waits import bound
 
-from autoscaler.app.assembly import Mode, Parts, build_controller
+from autoscaler.app.assembly import Mode, Parts, build_controller, joined_pools
 from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model import Pool
 from autoscaler.model.clock import ManualClock
@@ -58,6 +62,8 @@ CHECKPOINTS = {
     "gpu-autoscaler.io/checkpoint_duration": "30",
 }
 ASKED = "gpu-autoscaler.io/checkpoint-requested"
+# the source renders every pool's boot script: EKS's bootstrap.sh with the labels and taint
+JOIN = {"method": "eks", "cluster_name": "gpu", "eks_bootstrap": "bootstrap.sh"}
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 
 
@@ -86,6 +92,47 @@ def taint(text: str) -> dict[str, str]:
     return {"key": key, "value": value, "effect": effect}
 
 
+@dataclass(frozen=True)
+class Joined:
+    """What the boot script gave the kubelet: its labels and taints."""
+
+    labels: dict[str, str]
+    taints: list[dict[str, str]]
+
+
+def boot(user_data: str, root: Path) -> Joined:
+    """Run an instance's user data as cloud-init would (``sh``), with a stand-in for EKS's
+    ``/etc/eks/bootstrap.sh`` that records its arguments, and read the kubelet flags the join
+    passed in ``--kubelet-extra-args``, as the kubelet would register its node with them."""
+    root.mkdir(parents=True, exist_ok=True)
+    record = root / "bootstrap.args"
+    bootstrap = root / "bootstrap.sh"
+    bootstrap.write_text(
+        f"#!/bin/sh\n{{ for a; do printf '%s\\037' \"$a\"; done; }} > {shlex.quote(str(record))}\n"
+    )
+    bootstrap.chmod(0o755)
+    (root / "user-data").write_text(user_data)
+    done = subprocess.run(
+        ["sh", str(root / "user-data")],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "TMPDIR": str(root),
+            "GPU_AUTOSCALER_EKS_BOOTSTRAP": str(bootstrap),
+        },
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    args = record.read_text().split("\037")[:-1]
+    assert args[:2] == [JOIN["cluster_name"], "--kubelet-extra-args"], args
+    flags = dict(flag.removeprefix("--").split("=", 1) for flag in args[2].split())
+    labels = dict(pair.split("=", 1) for pair in flags["node-labels"].split(","))
+    taints = flags["register-with-taints"].split(",") if "register-with-taints" in flags else []
+    return Joined(labels, [taint(t) for t in taints])
+
+
 def tags(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
 
@@ -104,9 +151,18 @@ class World:
     ec2: Any
     sqs: Any
     notices: str
+    root: Path
     reports: list[TickReport] = field(default_factory=list)
-    # instance id -> node name, every node a kubelet registered
+    # instance id -> node name, every node a kubelet registered, and what its join gave it
     registered: dict[str, str] = field(default_factory=dict)
+    joined: dict[str, Joined] = field(default_factory=dict)
+
+    def user_data(self, instance_id: str) -> str:
+        """What EC2 says the instance boots with (DescribeInstanceAttribute, base64)."""
+        answer = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        value = answer["UserData"].get("Value")
+        assert value, f"{instance_id} was launched with no user data"
+        return base64.b64decode(value, validate=True).decode()
 
     def instances(self) -> dict[str, dict[str, Any]]:
         """Every instance moto holds with our fleet tag, in any state, by id."""
@@ -119,23 +175,28 @@ class World:
         return {k: i for k, i in self.instances().items() if i["State"]["Name"] not in GONE_STATES}
 
     def kubelets(self) -> None:
-        """A running instance's kubelet registers its node as the join makes it; a node whose
-        instance is going or gone is removed, as the cloud controller manager does."""
+        """A running instance boots its user data (the join) and its kubelet registers the
+        node as EKS does: named by the instance's private DNS name, ``spec.providerID``
+        ``aws:///<az>/<instance id>``, the labels and taints the join gave it, its pool's GPUs
+        allocatable. A node whose instance is going or gone is removed, as the cloud controller
+        manager does."""
         instances = self.instances()
         nodes = {n["metadata"]["name"] for n in self.api.items("nodes")}
         for instance_id, instance in instances.items():
             name = instance["PrivateDnsName"]
-            if instance["State"]["Name"] != "running" or name in nodes:
+            if instance["State"]["Name"] != "running" or instance_id in self.registered:
                 continue
             pool = self.pools[tags(instance)[POOL_TAG]]
             zone = instance["Placement"]["AvailabilityZone"]
+            joined = boot(self.user_data(instance_id), self.root / instance_id)
+            self.joined[instance_id] = joined
             self.api.put(
                 "nodes",
                 node(
                     name,
                     pool.gpus_per_instance,
-                    labels=node_labels(pool),
-                    taints=[taint(t) for t in node_taints(pool)],
+                    labels=joined.labels,
+                    taints=joined.taints,
                     provider_id=f"aws:///{zone}/{instance_id}",
                 ),
             )
@@ -214,7 +275,9 @@ class World:
 
 
 @pytest.fixture
-def world(aws: str, k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+def world(
+    aws: str, k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[World]:
     clock = ManualClock(float(int(time.time())))
     sqs = boto3.client("sqs", region_name=REGION, endpoint_url=aws)
     notices = sqs.create_queue(QueueName="interruptions")["QueueUrl"]
@@ -230,8 +293,11 @@ def world(aws: str, k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterato
             "drain_timeout_s": 600,
         }
     )
-    provider = AwsProvider.from_config(config.providers["aws"], list(config.pools), FLEET, clock)
-    source = make_source(k8s_api, monkeypatch)
+    source = make_source(k8s_api, monkeypatch, join_user_data=True, join=JOIN)
+    # the pools as the assembly hands them to the provider: each with the source's join script
+    provider = AwsProvider.from_config(
+        config.providers["aws"], list(joined_pools(config, source)), FLEET, clock
+    )
     controller = build_controller(
         config,
         Mode.LIVE,
@@ -256,6 +322,7 @@ def world(aws: str, k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterato
         boto3.client("ec2", region_name=REGION, endpoint_url=aws),
         sqs,
         notices,
+        tmp_path,
     )
     try:
         yield made
@@ -320,6 +387,10 @@ def test_pending_pods_buy_spot_in_moto_nodes_join_bind_finish_drain_and_terminat
             assert instance["Placement"]["AvailabilityZone"] in ZONES
             spot = pool_name == "a10g-spot"
             assert (instance.get("InstanceLifecycle") == "spot") is spot, instance
+            pool = world.pools[pool_name]
+            assert world.joined[instance["InstanceId"]] == Joined(
+                node_labels(pool), [taint(t) for t in node_taints(pool)]
+            ), "the user data moto holds joins the node with its pool's labels and taint"
     spot_ids = {i["InstanceId"] for i in by_pool["a10g-spot"]}
 
     for made in world.pods("safe-") + world.pods("protected-"):
@@ -351,8 +422,18 @@ def test_pending_pods_buy_spot_in_moto_nodes_join_bind_finish_drain_and_terminat
     assert evicted == {
         f"/api/v1/namespaces/ops/pods/shipper-{i}/eviction" for i in world.registered
     }, "each node's pod holding no GPU was evicted by the drain"
+    assert not world.pods("shipper-"), "the evicted pods are gone"
     deleted = [r for r in world.api.served("DELETE") if r.path.startswith("/api/v1/")]
     assert deleted == [], "finished GPU pods are left alone"
+    when: dict[tuple[str, str], int] = {}
+    for index, report in enumerate(world.reports):
+        for action in report.actions:
+            if action.kind in ("drain", "terminate") and action.outcome == "ok":
+                for instance_id in action.instance_ids:
+                    when.setdefault((action.kind, instance_id), index)
+    for instance_id in bought:
+        drained, ended = when[("drain", instance_id)], when[("terminate", instance_id)]
+        assert drained < ended, f"{instance_id} was terminated only in a tick after its drain"
 
 
 def test_a_protected_pod_waits_for_on_demand_beside_an_empty_spot_node(world: World) -> None:
