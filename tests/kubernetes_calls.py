@@ -183,6 +183,38 @@ def _argument(
     return None
 
 
+def _is_watch_call(node: ast.AST) -> bool:
+    """``Watch()`` or ``watch.Watch()``: the client's watch helper being made."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == "Watch") or (
+        isinstance(func, ast.Attribute) and func.attr == "Watch"
+    )
+
+
+def _watch_names(tree: ast.AST) -> set[str]:
+    """Names (and attributes, ``self.w``) a module binds to a ``Watch()``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _is_watch_call(node.value):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found.add(target.id)
+                elif isinstance(target, ast.Attribute):
+                    found.add(target.attr)
+    return found
+
+
+def _is_watch_object(node: ast.AST, watches: set[str]) -> bool:
+    """Whether ``node.stream(...)`` is the client's watch (not, say, urllib3's body stream)."""
+    if _is_watch_call(node):
+        return True
+    if isinstance(node, ast.Name):
+        return node.id in watches
+    return isinstance(node, ast.Attribute) and node.attr in watches
+
+
 def _pick(candidates: tuple[Route, ...], named: set[str]) -> Route | None:
     """The route of a method whose name two API classes share: the class the module names."""
     if len(candidates) == 1:
@@ -199,9 +231,14 @@ def scan_source(text: str, where: str, calls: Calls | None = None) -> Calls:
     constants = _constants(tree)
     parents = _parents(tree)
     named = set(re.findall(r"\b(\w+Api)\b", text))
+    watches = _watch_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr == "stream" and node.args:
+            if (
+                node.func.attr == "stream"
+                and node.args
+                and _is_watch_object(node.func.value, watches)
+            ):
                 handed = node.args[0]
                 if not (isinstance(handed, ast.Attribute) and handed.attr in table):
                     calls.unknown.append(
@@ -230,7 +267,11 @@ def scan_source(text: str, where: str, calls: Calls | None = None) -> Calls:
         if call is None and isinstance(parent, ast.Call) and node in parent.args:
             # handed over: to watch.Watch().stream (a watch), or to a helper that calls it
             func = parent.func
-            if isinstance(func, ast.Attribute) and func.attr == "stream":
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "stream"
+                and _is_watch_object(func.value, watches)
+            ):
                 verb = "watch"
         elif _is_watch(call):
             verb = "watch"

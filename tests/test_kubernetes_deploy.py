@@ -449,8 +449,9 @@ def test_leases_are_granted_in_the_namespace_and_the_rest_cluster_wide(
 
 
 def test_the_code_side_finds_every_kind_of_use() -> None:
-    """A call, a watch by keyword and through Watch().stream, a method handed to a helper, a
-    subresource, a custom object by literal and by constant; and what it cannot read."""
+    """A call, a watch by keyword and through Watch().stream (made there or bound to a name), a
+    method handed to a helper, a subresource, a custom object by literal and by constant; and
+    what it cannot read. Another object's stream() (urllib3's body) is not a watch."""
     code = (
         "from kubernetes import watch\n"
         'KUEUE = "kueue.x-k8s.io"\n'
@@ -468,6 +469,10 @@ def test_the_code_side_finds_every_kind_of_use() -> None:
         "    core.api_client.call_api('/api/v1/pods', 'GET')\n"
         "    core.connect_get_namespaced_pod_exec('p', 'ns')\n"
         "    core.read_namespaced_event('e', 'ns')\n"
+        "    response.stream(1024, decode_content=True)\n"
+        "    w = watch.Watch()\n"
+        "    w.stream(some_function)\n"
+        "    for _ in w.stream(policy.list_namespaced_pod_disruption_budget, 'ns'): pass\n"
     )
     calls = scan_source(code, "x.py")
     assert set(calls.grants) == {
@@ -478,6 +483,7 @@ def test_the_code_side_finds_every_kind_of_use() -> None:
         ("", "pods/eviction", "create"),
         ("kueue.x-k8s.io", "workloads", "list"),
         ("scheduling.x-k8s.io", "podgroups", "get"),
+        ("policy", "poddisruptionbudgets", "watch"),
     }
     assert calls.grants[("", "nodes", "patch")] == ["x.py:7"]
     unknown = "\n".join(calls.unknown)
@@ -486,6 +492,8 @@ def test_the_code_side_finds_every_kind_of_use() -> None:
     assert "x.py:14: a raw call_api()" in unknown
     assert "x.py:15: connect_get_namespaced_pod_exec is outside the name grammar" in unknown
     assert "x.py:16: read_namespaced_event is CoreV1Api or EventsV1Api" in unknown
+    assert "x.py:19: stream()" in unknown
+    assert len(calls.unknown) == 6  # urllib3's response.stream (line 17) is no watch
     named = scan_source("from kubernetes.client import CoreV1Api\n" + code, "y.py")
     assert ("", "events", "get") in named.grants
 
