@@ -3,19 +3,22 @@ live mode, the karpenter policy) on a manual clock, the AWS provider against mot
 the ``kubernetes`` source through the official client against the API emulator, whose tiny
 scheduler binds pods and whose Job controller recreates a deleted pod.
 
-Each EC2 instance moto runs "boots" here as the join script would make it: a node named by its
-private DNS name (as on EKS, so the instance is found by ``spec.providerID`` alone,
-``aws:///<az>/<instance id>``), with ``node_labels`` and ``node_taints`` of its pool and the
-pool's GPUs allocatable; a node whose instance moto no longer runs goes, as the cloud controller
-manager removes it.
+The pools are handed to the provider as the assembly hands them (``joined_pools``): each with the
+source's EKS join script as user data. Each EC2 instance moto runs "boots" here by running the
+user data moto holds for it under ``sh``, with a recording stand-in for ``/etc/eks/bootstrap.sh``;
+its kubelet registers the node as EKS does, named by the instance's private DNS name (so the
+instance is found by ``spec.providerID`` alone, ``aws:///<az>/<instance id>``), with the labels
+and taints the script passed it and the pool's GPUs allocatable. A node whose instance moto no
+longer runs goes, as the cloud controller manager removes it.
 
-Pending GPU pods → spot instances launched in moto (tagged, spot through
-``InstanceMarketOptions``) and an on-demand one for the protected pod → nodes register → pods
-bind → pods finish → each node cordoned, its pods that hold no GPU evicted, and its instance
-terminated in moto. A spot interruption warning on the EventBridge SQS queue → the pod's
-``checkpoint-requested`` annotation → the pod deleted → its Job makes it again, bound on a new
-node. A pod without the spot toleration is never bound to a spot node: checked after every
-scheduling pass of every test.
+Pending GPU pods → spot instances launched in moto (CreateFleet, tagged, ``InstanceLifecycle``
+spot) and an on-demand one for the protected pod → nodes register → pods bind → pods finish →
+each node cordoned and its pod that holds no GPU evicted, then its instance terminated in moto.
+A spot interruption warning (EventBridge's event on the SQS queue the provider watches) → the
+pod's ``checkpoint-requested`` annotation → the pod deleted → its Job makes it again, bound on
+a replacement node; the warned instance terminated and the message acknowledged. A pod without
+the spot toleration is never bound to a spot node: checked after every scheduling pass of every
+test.
 """
 
 from __future__ import annotations
