@@ -222,8 +222,9 @@ class World:
             if (state is None or state in GONE_STATES) and name in nodes:
                 self.api.remove("nodes", name)
 
-    def tick(self) -> TickReport:
-        self.clock.advance(TICK_S)
+    def tick(self, advance: float = TICK_S) -> TickReport:
+        """One tick ``advance`` seconds after the last (0: the run loop woken by a notice)."""
+        self.clock.advance(advance)
         self.kubelets()
         self.schedule()
         report = self.controller.tick()
@@ -492,12 +493,29 @@ def test_a_spot_warning_on_sqs_asks_the_pod_to_checkpoint_then_its_job_makes_it_
     watcher = world.provider.watcher
     assert watcher is not None
     assert wait_until(lambda: watcher.notices_ready() > 0), "the warning was read from SQS"
-    tick_until(world, lambda: bool(asked) or seen(), ticks=3)
-    seen()
+    world.tick(advance=0)  # a notice wakes the run loop at once
+    assert not seen()
     assert asked, "the pod was asked to checkpoint through its annotation"
     assert int(asked[0]) >= int(warned_at), "the wall-clock time it was asked, in unix seconds"
+    cordoned = world.api.get("nodes", where)
+    assert cordoned is not None and cordoned["spec"].get("unschedulable") is True, (
+        "the warned node takes no new pod"
+    )
 
     tick_until(world, seen, ticks=6)
+    moves = [
+        a.outcome
+        for r in world.reports
+        for a in r.actions
+        if a.kind == "evacuate" and a.job_id == f"ml/{name}"
+    ]
+    assert moves == ["checkpoint-asked", "requeued-at-deadline"], moves
+    writes = [(r.method, r.path) for r in world.api.served() if r.method in ("PATCH", "DELETE")]
+    assert writes == [
+        ("PATCH", f"/api/v1/nodes/{where}"),
+        ("PATCH", f"/api/v1/namespaces/ml/pods/{name}"),
+        ("DELETE", f"/api/v1/namespaces/ml/pods/{name}"),
+    ], "cordoned, then asked to checkpoint, then deleted"
     assert world.jobs.recreated, "the Job made the pod again"
     assert [r.path for r in world.api.served("DELETE")] == [f"/api/v1/namespaces/ml/pods/{name}"]
     again = world.jobs.recreated[0].split("/")[1]
@@ -509,8 +527,13 @@ def test_a_spot_warning_on_sqs_asks_the_pod_to_checkpoint_then_its_job_makes_it_
     # for a while, as Karpenter does, and the pod tolerates either)
     replacement = moved_to["spec"]["providerID"].rsplit("/", 1)[1]
     assert replacement != instance_id and replacement in world.live()
-    tick_until(world, lambda: instance_id not in world.live(), ticks=6)
-    assert world.api.get("nodes", where) is None, "the warned node went with its instance"
+    # the warned instance, still running past its deadline (moto never reclaims it), is
+    # terminated by the controller, and its node goes with it
+    tick_until(
+        world,
+        lambda: instance_id not in world.live() and world.api.get("nodes", where) is None,
+        ticks=6,
+    )
 
     def acknowledged() -> bool:
         counts = world.sqs.get_queue_attributes(
