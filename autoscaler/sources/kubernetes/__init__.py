@@ -17,6 +17,8 @@ The roles are the Slurm adapter's (docs/kubernetes.md):
   is deleted and its controller makes a new one; a bare pod is not deleted, and said);
 * the join: ``join_user_data`` renders each pool's boot script (``kubernetes_join``).
 
+With ``watch_cache`` the pods and nodes a reading folds come from a watch-fed cache
+(``cache``) instead of a list each tick; drains, requeues and placement still read afresh.
 Every API call is in ``autoscaler.sources.kubernetes.api``; an API server that fails or does not
 answer makes the reading fail (demand unknown, never zero). A pod or node that cannot be read is
 left out with a counted one-line warning.
@@ -37,6 +39,7 @@ from autoscaler.model.inputfile import validate_settings
 from autoscaler.model.optional import require_extra
 from autoscaler.sources import kubernetes_join
 from autoscaler.sources.kubernetes.api import KubeApi, Listing
+from autoscaler.sources.kubernetes.cache import WatchCache
 from autoscaler.sources.kubernetes.demand import describe, pending_demand
 from autoscaler.sources.kubernetes.nodes import (
     Allocation,
@@ -85,6 +88,8 @@ class KubernetesSource:
         self._empty_since: dict[str, float] = {}
         self._pools: dict[str, Pool] = {}
         self._lock = threading.Lock()
+        self._cache: WatchCache | None = None
+        self._cache_lock = threading.Lock()  # held while the cache starts and first syncs
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> KubernetesSource:
@@ -96,6 +101,10 @@ class KubernetesSource:
         return cls(parsed, name)
 
     def close(self) -> None:
+        with self._cache_lock:
+            cache, self._cache = self._cache, None
+        if cache is not None:
+            cache.stop()
         self.api.close()
 
     # -- reading ---------------------------------------------------------------------------------
@@ -112,14 +121,30 @@ class KubernetesSource:
             and time.monotonic() - kept[1] <= REUSE_S
         ):
             return kept[2]
-        listing = self.api.list_pods()
+        cache = self._watch_cache()
+        listing = cache.pods.snapshot(self.where) if cache is not None else self.api.list_pods()
         with self._lock:
             self._pods = (now if now is not None else float("nan"), time.monotonic(), listing)
         return listing
 
+    def _watch_cache(self) -> WatchCache | None:
+        """The watch cache with ``watch_cache`` (started by the first reading, which waits
+        for its first lists as it would for a list), else None: list every tick."""
+        if not self.settings.watch_cache:
+            return None
+        with self._cache_lock:
+            if self._cache is None:
+                self._cache = WatchCache(self.api, self.settings.cache_max_failing_s)
+                self._cache.start(self.settings.request_timeout_s)
+            return self._cache
+
     def _read_nodes(self) -> Nodes:
         try:
-            nodes = Nodes.read(self.api.list_nodes().items, self.rules)
+            cache = self._watch_cache()
+            listing = (
+                cache.nodes.snapshot(self.where) if cache is not None else self.api.list_nodes()
+            )
+            nodes = Nodes.read(listing.items, self.rules)
         except BadNodeError as exc:
             raise SourceError(f"{self.where}: list nodes: {exc}") from None
         with self._lock:

@@ -4,11 +4,13 @@ rules it needs can be read off it (``tests/kubernetes_calls.py`` scans for them)
 | method | verb | resource |
 |---|---|---|
 | ``list_pod_for_all_namespaces`` | list | pods |
+| ``list_pod_for_all_namespaces(watch=True)`` | watch | pods |
 | ``read_namespaced_pod`` | get | pods |
 | ``patch_namespaced_pod`` | patch | pods |
 | ``delete_namespaced_pod`` | delete | pods |
 | ``create_namespaced_pod_eviction`` | create | pods/eviction |
 | ``list_node`` | list | nodes |
+| ``list_node(watch=True)`` | watch | nodes |
 | ``patch_node`` | patch | nodes |
 
 Objects are read as the JSON the server sent (``_preload_content=False``), not as the client's
@@ -23,10 +25,11 @@ cluster; it retries nothing (the next tick is the retry).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +49,10 @@ Obj = dict[str, Any]
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_TOO_MANY = 429
+HTTP_GONE = 410
+# How long the server keeps one watch open (client-go picks 5 to 10 minutes); a new one follows.
+WATCH_TIMEOUT_S = 300
+STREAM_CHUNK = 64 * 1024
 SHOWN = 200
 # What a list of every pod leaves out: finished pods hold no node and are no demand.
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
@@ -108,6 +115,25 @@ class KubeApi:
             ),
         )
         return self._listing("list nodes", response)
+
+    def watch_pods(self, resource_version: str) -> Watch:
+        """The changes to unfinished pods since ``resource_version`` (a pod that finishes is
+        seen as DELETED: it leaves the field selector)."""
+        return self._watch(
+            "watch pods",
+            lambda core, **options: core.list_pod_for_all_namespaces(
+                watch=True, field_selector=NOT_FINISHED, **options
+            ),
+            resource_version,
+        )
+
+    def watch_nodes(self, resource_version: str) -> Watch:
+        """The changes to nodes since ``resource_version``."""
+        return self._watch(
+            "watch nodes",
+            lambda core, **options: core.list_node(watch=True, **options),
+            resource_version,
+        )
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         """One pod, or None when it is gone."""
@@ -245,6 +271,31 @@ class KubeApi:
         except _errors() as exc:
             raise self._failure(what, exc) from None
 
+    def _watch(self, what: str, call: Any, resource_version: str) -> Watch:
+        """Open a watch from ``resource_version``: the server ends it after WATCH_TIMEOUT_S
+        (the cache opens another), and a read that waits longer than that and the request
+        timeout is a broken watch, not a quiet one."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._api()
+        timeout = self.settings.request_timeout_s
+        try:
+            response = call(
+                core,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_TIMEOUT_S,
+                _preload_content=False,
+                _request_timeout=(timeout, WATCH_TIMEOUT_S + timeout),
+            )
+        except ApiException as exc:
+            if exc.status == HTTP_GONE:
+                raise ExpiredError(f"{self.where}: {what}: HTTP 410 Gone") from None
+            raise self._failure(what, exc) from None
+        except _errors() as exc:
+            raise self._failure(what, exc) from None
+        return Watch(self, what, response)
+
     def _failure(self, what: str, exc: BaseException) -> SourceError:
         from kubernetes.client.exceptions import ApiException
 
@@ -294,6 +345,63 @@ class KubeApi:
                 self._client = _client(self.settings, self.where)
                 self._core = CoreV1Api(self._client)
             return self._core
+
+
+class ExpiredError(SourceError):
+    """A watch's resourceVersion is older than the server keeps (410 Gone, reason Expired):
+    the watcher lists afresh."""
+
+
+class Watch:
+    """One open watch: its events as ``(type, object)`` pairs, in order. BOOKMARK events
+    carry only a resourceVersion; an ERROR event raises (``ExpiredError`` for a 410), as does
+    a stream that breaks; a stream the server ends (its timeout) simply ends."""
+
+    def __init__(self, api: KubeApi, what: str, response: Any) -> None:
+        self.api = api
+        self.what = what
+        self._response = response
+
+    def __iter__(self) -> Iterator[tuple[str, Obj]]:
+        pending = b""
+        try:
+            for chunk in self._response.stream(STREAM_CHUNK, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._event(line)
+            if pending.strip():
+                yield self._event(pending)
+        except _errors() as exc:
+            raise self.api._failure(self.what, exc) from None
+        except ValueError as exc:  # a closed stream read from (``close`` while reading)
+            raise SourceError(f"{self.api.where}: {self.what}: the stream was closed") from exc
+        finally:
+            self._response.release_conn()
+
+    def _event(self, line: bytes) -> tuple[str, Obj]:
+        where = f"{self.api.where}: {self.what}"
+        try:
+            event = msgspec.json.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise SourceError(f"{where}: an event is not JSON ({type(exc).__name__})") from None
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(kind, str) or not isinstance(obj, dict):
+            raise SourceError(f"{where}: an event without a type and an object")
+        if kind == "ERROR":
+            code = obj.get("code")
+            message = " ".join(str(obj.get("message") or "").split())[:SHOWN]
+            if code == HTTP_GONE:
+                raise ExpiredError(f"{where}: HTTP 410 {obj.get('reason') or 'Gone'}: {message}")
+            raise SourceError(f"{where}: HTTP {code} {obj.get('reason') or ''}: {message}")
+        return kind, obj
+
+    def close(self) -> None:
+        """End the watch from another thread: a read blocked on it returns at once."""
+        with contextlib.suppress(AttributeError, OSError):
+            self._response.shutdown()
 
 
 def _finish(response: Any) -> None:

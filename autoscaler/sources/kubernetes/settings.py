@@ -55,6 +55,18 @@ class KubernetesSettings(KubernetesJoinSettings):
     request_timeout_s: PositiveFloat = Field(
         30.0, le=600, description="how long one API call may take before the read fails"
     )
+    watch_cache: bool = Field(
+        False,
+        description="read pods and nodes from a watch-fed cache (listed once, then watched) "
+        "instead of listing them every tick: for clusters whose lists take too long a tick "
+        "(docs/kubernetes.md, 'The watch cache')",
+    )
+    cache_max_failing_s: PositiveFloat = Field(
+        30.0,
+        le=3600,
+        description="with watch_cache: how long the watch may fail (the cache kept but not "
+        "renewed) before a reading fails instead of reading the cache as the truth",
+    )
 
     # -- what is demand ------------------------------------------------------------------------
     namespaces: list[str] | None = Field(
