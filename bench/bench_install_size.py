@@ -47,9 +47,15 @@ INSTALLS = (
     Install("core+agent", "agent", "the node agent on a GPU node (gpu-autoscaler-agent)"),
     Install("core+report", "report", "the dry-run report and lower bound (every install before)"),
     Install(
-        "image", "aws,gcp,azure,postgres", "the image's venv: every cloud and the Postgres lock"
+        "image",
+        "aws,gcp,azure,postgres,kubernetes,agent",
+        "the image's venv: every cloud, the Postgres and Kubernetes locks, the agent",
     ),
-    Install("image+report", "aws,gcp,azure,postgres,report", "the image's venv before"),
+    Install(
+        "image+report",
+        "aws,gcp,azure,postgres,kubernetes,agent,report",
+        "the image's venv with the report extra",
+    ),
 )
 
 SIZES_CODE = """
