@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,6 +238,28 @@ def test_a_watch_failing_past_the_bound_fails_the_reading_and_heals(
         assert pods.lists >= 2
     finally:
         source.close()
+
+
+def test_a_watch_that_never_opens_lists_again_at_the_backoffs_pace(
+    k8s_api: K8sApi, cached: KubernetesSource
+) -> None:
+    """A missing ``watch`` grant: the lists work, every watch is refused. The cache stays as
+    fresh as its lists, which come at the backoff's pace (0.5, 1, 2, ... s apart), not in a
+    loop; a slow machine only makes them fewer, so the ceiling below cannot fail spuriously."""
+    k8s_api.fail(403, path=r"watch=")
+    started = time.monotonic()
+    cached.read(next(TICKS))
+    k8s_api.put("pods", tried(pod("late", gpus=1)))
+    assert wait_for(
+        lambda: [g.jobs for g in cached.read(next(TICKS))] == [1], bound(60), interval_s=0.2
+    )
+    elapsed = time.monotonic() - started
+    lists = [r for r in k8s_api.served("GET") if "/pods" in r.path and "watch=" not in r.path]
+    allowed, slept = 1, 0.0
+    while slept <= elapsed:
+        slept += min(0.5 * 2 ** (allowed - 1), 16.0)
+        allowed += 1
+    assert 2 <= len(lists) <= allowed, (len(lists), elapsed)
 
 
 # -- the same reading ----------------------------------------------------------------------------

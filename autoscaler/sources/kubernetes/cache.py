@@ -3,7 +3,8 @@ listed once (with the list's resourceVersion), then watched from that version in
 thread that applies ADDED, MODIFIED and DELETED to an in-memory store. A watch the server ends
 (its timeout) is opened again from the last version seen; a 410 Gone (the version is older
 than the server keeps) or a broken watch lists afresh, after a backoff that doubles up to
-BACKOFF_MAX_S and starts over once a list succeeds.
+BACKOFF_MAX_S and starts over once a watch opens (a list that works beside a watch that never
+opens is not a loop of lists).
 
 A tick reads the store instead of listing (``snapshot``), but never a store it cannot trust:
 a snapshot fails, in one line naming the call that failed, while the kind was never listed,
@@ -70,6 +71,7 @@ class Informer:
         self._changed = threading.Condition(self._lock)
         self._stopped = threading.Event()
         self._watch: Watch | None = None
+        self._opened = False  # whether a watch opened since the last list
         self._thread: threading.Thread | None = None
 
     # -- what a reader sees ----------------------------------------------------------------------
@@ -126,16 +128,22 @@ class Informer:
     def _run(self) -> None:
         backoff = BACKOFF_START_S
         while not self._stopped.is_set():
+            self._opened = False
             try:
                 self._relist()
-                backoff = BACKOFF_START_S
                 self._follow()
-                continue  # a 410: list afresh at once
+                if self._opened:
+                    backoff = BACKOFF_START_S
+                    continue  # a 410 on a watch that worked: list afresh at once
             except SourceError as exc:
                 if not self._stopped.is_set():  # not the stream ``stop`` closed
                     self._failed(str(exc))
             except Exception as exc:  # the thread must outlive any one failure
                 self._failed(f"{self.what} cache: {type(exc).__name__}: {exc}"[:300])
+            if self._opened:  # the watch worked before it failed: a fresh start
+                backoff = BACKOFF_START_S
+            # a list that works beside a watch that never opens (a missing watch grant) lists
+            # again at the backoff's pace, not in a loop
             if self._stopped.wait(backoff):
                 return
             backoff = min(backoff * 2, self.backoff_max_s)
@@ -167,6 +175,7 @@ class Informer:
                 return
             with self._lock:
                 self._watch = watch
+                self._opened = True
                 self._healthy()
             try:
                 for kind, obj in watch:
