@@ -63,7 +63,7 @@ class Runner:
         self.metrics: Metrics | None = controller.metrics
         self.stopping = threading.Event()
         self._wake = threading.Event()
-        self.wakeups = Wakeups(self._wake.set, owns=self._owns)
+        self.wakeups = Wakeups(self._wake.set, owns=self._owns, leads=self._leads)
         self._state = threading.Lock()
         self._token: int | None = None
         self._acting = False
@@ -129,6 +129,10 @@ class Runner:
                     provider.close()
         log.info("controller stopped after %d tick(s)", done)
         return 0
+
+    def _leads(self) -> bool:
+        """Read from the inbox's threads: whether this replica holds the lock now."""
+        return self._token is not None
 
     def _owns(self, instance_id: str) -> bool:
         """Read from the inbox's threads: one dict lookup in the tick's table."""

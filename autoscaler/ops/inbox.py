@@ -16,7 +16,9 @@ Bodies are read strictly: numbers are JSON numbers (``true`` or ``"12"`` is not 
 and a deadline or a time is one a clock can reach (``autoscaler.model.notices``); names are
 bounded (``instance_id`` and ``node`` 256 characters, ``source`` 64, ``job_id`` 256).
 Notices wait, one per instance and kind, until a tick takes them; past ``MAX_PENDING`` waiting
-notices the inbox answers 503 and the agent retries.
+notices the inbox answers 503 and the agent retries. A standby replica (another holds the leader
+lock) answers 503 to both paths too: behind a Service that sends to every replica, the agent's
+retry opens a new connection and reaches the leader, and nothing waits where no tick reads it.
 """
 
 from __future__ import annotations
@@ -231,6 +233,10 @@ class InboxServer:
             raise HttpError(405, "only POST is served", {"Allow": "POST"})
         if not self.authorised(head.header("authorization")):
             raise HttpError(401, "a valid bearer token is required")
+        if not self.inbox.wakeups.leading():
+            raise HttpError(
+                503, "this replica is a standby; retry and the Service sends it to the leader"
+            )
         kind = head.header("content-type")
         if kind is not None and not _is_json(kind):
             raise HttpError(415, "the body must be application/json")

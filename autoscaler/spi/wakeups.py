@@ -134,6 +134,7 @@ class Wakeups:
         self,
         wake: Callable[[], None] | None = None,
         owns: Callable[[str], bool] | None = None,
+        leads: Callable[[], bool] | None = None,
         notice_every_s: float = NOTICE_WAKE_S,
         checkpoint_every_s: float = CHECKPOINT_WAKE_S,
         monotonic: Callable[[], float] = time.monotonic,
@@ -141,6 +142,7 @@ class Wakeups:
     ) -> None:
         self._wake = wake
         self._owns = owns
+        self._leads = leads
         self._monotonic = monotonic
         self._schedule = schedule
         self._lock = threading.Lock()
@@ -159,6 +161,12 @@ class Wakeups:
     def __call__(self) -> None:
         if self._wake is not None:
             self._wake()
+
+    def leading(self) -> bool:
+        """Whether this replica acts on what arrives now. A standby's inbox refuses notices and
+        checkpoint reports with 503 so the agent's retry reaches the leader (behind a Service
+        that sends to every replica) instead of leaving them where no tick reads them."""
+        return self._leads is None or self._leads()
 
     def notice(self, instance_id: str, kind: NoticeKind) -> bool:
         """A notice arrived; True when it woke the loop now."""
