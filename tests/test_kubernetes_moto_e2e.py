@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import shlex
 import subprocess
 import time
@@ -48,6 +49,7 @@ from autoscaler.model import Pool
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.records import TickReport
+from autoscaler.ops.metrics import Metrics
 from autoscaler.sources.kubernetes import KubernetesSource
 from autoscaler.sources.kubernetes_join import MARKET_LABEL, node_labels, node_taints
 from autoscaler.spi.policy import load_policy
@@ -553,3 +555,55 @@ def test_a_spot_warning_on_sqs_asks_the_pod_to_checkpoint_then_its_job_makes_it_
         return all(int(v) == 0 for v in counts.values())
 
     assert wait_until(acknowledged), "the warning was deleted from the queue once handled"
+
+
+def test_pods_no_pool_can_host_buy_nothing_and_are_counted_in_logs_and_metrics(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.controller.metrics = Metrics()
+    for name, extra in {
+        "team": {"node_selector": {"team": "ml"}},  # no pool's nodes carry it
+        "amd": {"resource": "amd.com/gpu"},  # a GPU resource no setting counts
+        "rack": {"node_selector": {"gpu-autoscaler.io/pool": "h100-spot"}},  # no such pool
+    }.items():
+        made = pod("t", "ml", gpus=4, **extra)  # type: ignore[arg-type]
+        world.jobs.add_job(name, {"metadata": {}, "spec": made["spec"]}, namespace="ml")
+    unreadable = pod("odd", "ml", gpus=1)
+    unreadable["spec"]["tolerations"] = "everything"
+    world.api.put("pods", unreadable)
+    world.schedule()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(4):
+            report = world.tick()
+    assert world.instances() == {}, "nothing bought for pods no node of ours could take"
+    assert report.view.demand.known, "never unknown, never zero"
+    assert sum(g.jobs for g in report.view.demand.groups) == 4
+    stuck = {u.label: u.jobs for u in report.unhostable}
+    assert stuck == {
+        "1x4 GPU(s) of a node with team=ml": 1,
+        "1x4 GPU(s) of amd.com/gpu": 1,
+        "1x4 GPU(s) of a node with gpu-autoscaler.io/pool=h100-spot": 1,
+        "1x1 GPU(s) of an unreadable pod": 1,
+    }
+    registry = world.controller.metrics.registry
+    for problem, count in {
+        "unmet-node-selector": 2,
+        "unknown-gpu-resource": 1,
+        "unreadable": 1,
+        "bad-checkpoint-annotation": 0,
+    }.items():
+        labels = {"source": world.source.name, "problem": problem}
+        assert registry.get_sample_value("gpu_autoscaler_source_problems", labels) == count
+    problems = "\n".join(world.source.problems)  # the warning line shows three of them
+    assert "pod ml/team-0-" in problems and "needs a node with team=ml" in problems
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "spec.tolerations is 'everything', not a list" in said
+    assert "stay pending: needs 1 node(s) of 4 GPU(s) of a node with team=ml" in said
+    assert "Traceback" not in said
+
+    # a pod that one pool can take is still bought for beside them
+    world.api.remove("pods", "odd", "ml")  # the stand-in scheduler reads pods less kindly
+    add_job(world, "fits", spot=True)
+    world.schedule()
+    tick_until(world, lambda: world.bound("fits-"))
+    assert {tags(i)[POOL_TAG] for i in world.instances().values()} == {"a10g-spot"}

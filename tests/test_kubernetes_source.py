@@ -30,6 +30,7 @@ from autoscaler.app.assembly import build_signals
 from autoscaler.model.config import ControllerConfig, SourceRole
 from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.kubernetes import KubernetesSource
+from autoscaler.sources.kubernetes.demand import UNREADABLE_MODEL
 from autoscaler.spi.sources import (
     CheckpointingScheduler,
     JobsByNode,
@@ -273,7 +274,7 @@ def test_demand_totals_equal_the_gpus_of_pending_gpu_pods(
 # -- what cannot be read --------------------------------------------------------------------------
 
 
-def test_bad_pods_are_left_out_with_one_warning_and_the_rest_count(
+def test_bad_pods_count_as_demand_that_cannot_be_met_with_one_warning_and_the_rest_count(
     k8s_api: K8sApi, source: KubernetesSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     k8s_api.put("pods", tried(pod("good", gpus=2)))
@@ -299,12 +300,27 @@ def test_bad_pods_are_left_out_with_one_warning_and_the_rest_count(
         source.read_nodes(1.0)
         again = source.read(2.0)
         source.read_nodes(2.0)
-        assert source.skipped == 0, "read_nodes: no node or bound pod is unreadable"
+        assert source.reading_problems()["unreadable-bound-pod"] == 0
         again = source.read(3.0)
     assert groups == again
     shapes = {(g.gpus_per_job, g.gpu_models, g.checkpoint_interval_s): g.jobs for g in groups}
-    assert shapes == {(2, (), None): 1, (1, (), None): 1, (2, ("amd.com/gpu",), None): 1}
+    assert shapes == {
+        (2, (), None): 1,
+        (1, (), None): 1,  # a checkpoint annotation it cannot read: off spot, still served
+        (2, ("amd.com/gpu",), None): 1,
+        # never zero demand: the GPU one could read (broken) or one (lots)
+        (1, (UNREADABLE_MODEL,), None): 2,
+    }
     assert source.skipped == 5
+    assert source.reading_problems() == {
+        "unreadable": 2,
+        "unknown-gpu-resource": 1,
+        "unmet-node-selector": 0,
+        "too-large": 1,
+        "bad-checkpoint-annotation": 1,
+        "unreadable-node": 0,
+        "unreadable-bound-pod": 0,
+    }
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, "said once, not every tick"
     line = warnings[0]

@@ -51,6 +51,7 @@ from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.policy import PROVIDER_GROUP, Policy, load_entry_point, load_policy
 from autoscaler.spi.provider import Closable, Provider, ProviderFactory
 from autoscaler.spi.sources import (
+    KnowsPools,
     NodeSource,
     QueueSource,
     RendersJoinScript,
@@ -187,6 +188,8 @@ def joined_pools(config: ControllerConfig, scheduler: WorkloadScheduler | None) 
             except InputError as exc:
                 raise config.located(exc, default=("pools", index)) from None
         pools.append(pool if rendered is None else pool.model_copy(update={"user_data": rendered}))
+    if isinstance(scheduler, KnowsPools):
+        scheduler.know_pools(pools)
     return tuple(pools)
 
 

@@ -122,7 +122,8 @@ class Pool(Frozen):
         repr=False,
         description="the boot script (or cloud-init) the pool's instances start with, as the "
         "cloud takes it: AWS user data, GCP metadata startup-script, Azure custom data. Unset: "
-        "the scheduler's join script when the scheduler renders one (Slurm join_user_data) and "
+        "the scheduler's join script when the scheduler renders one (the Slurm or Kubernetes "
+        "source's join_user_data) and "
         "the pool joins it, else none. An empty string is none, and keeps the scheduler from "
         "filling it (the launch template's or image's own boot data stays).",
     )

@@ -21,6 +21,15 @@ class Metrics:
             ["kind", "source"],
             registry=r,
         )
+        self.source_problems = Gauge(
+            "gpu_autoscaler_source_problems",
+            "records the source's last reading could not take as they are, by kind: pending work "
+            "counted as demand that cannot be met (unreadable, unknown-gpu-resource, "
+            "unmet-node-selector, too-large), pods kept off spot (bad-checkpoint-annotation), "
+            "nodes or bound pods left out",
+            ["source", "problem"],
+            registry=r,
+        )
         self.source_errors = Counter(
             "gpu_autoscaler_source_errors",
             "Ticks on which the source failed",

@@ -303,3 +303,20 @@ class RendersJoinScript(Protocol):
         """The boot script for an instance of ``pool``, or None when this scheduler was not
         asked to render one."""
         ...
+
+
+@runtime_checkable
+class KnowsPools(Protocol):
+    """A scheduler that judges pending work against what the pools' nodes will be (Kubernetes:
+    a node selector no pool's nodes can meet is demand that cannot be met). The assembly hands
+    it the pools once their user data is settled, after ``RendersJoinScript``."""
+
+    def know_pools(self, pools: Sequence[Pool]) -> None: ...
+
+
+@runtime_checkable
+class ReportsProblems(Protocol):
+    """A source whose readings count what they could not take as it is, by kind (a pod that
+    cannot be read, a GPU resource nobody counts): ``gpu_autoscaler_source_problems``."""
+
+    def reading_problems(self) -> Mapping[str, int]: ...

@@ -40,6 +40,7 @@ from autoscaler.spi.sources import (
     NodeSource,
     NodeUsage,
     QueueSource,
+    ReportsProblems,
     ReportsTargets,
     TelemetrySource,
 )
@@ -72,6 +73,8 @@ class Observation:
     nodes_known: bool = False
     notices: tuple[InterruptionNotice, ...] = ()  # every notice for an owned instance
     onprem_jobs: OnPremJobs | None = None  # read only when on-prem rebalancing could move some
+    # what each source's readings could not take as it is, by kind (``ReportsProblems``)
+    source_problems: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class NoticeSource(Protocol):
@@ -194,6 +197,10 @@ class Observer:
         )
         for message in errors:
             log.warning("observe: %s", message)
+        problems: dict[str, dict[str, int]] = {}
+        for reader in (*self.signals.queues, self.signals.nodes):
+            if isinstance(reader, ReportsProblems):
+                problems[reader.name] = dict(reader.reading_problems())
         return Observation(
             view,
             sync,
@@ -205,6 +212,7 @@ class Observer:
             nodes_known,
             tuple(n for n in notices if n.instance_id in owned),
             onprem_jobs,
+            problems,
         )
 
     def _onprem_jobs(

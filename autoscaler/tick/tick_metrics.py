@@ -50,6 +50,9 @@ class TickMetrics:
             metrics.source_up.labels(kind, name).set(1 if up else 0)
             if not up:
                 metrics.source_errors.labels(kind, name).inc()
+        for name, problems in observation.source_problems.items():
+            for problem, count in problems.items():
+                metrics.source_problems.labels(name, problem).set(count)
         for (kind, name), age in observation.source_age.items():
             metrics.signal_age.labels(kind, name).set(age)
         demand = view.demand

@@ -20,8 +20,11 @@ The roles are the Slurm adapter's (docs/kubernetes.md):
 With ``watch_cache`` the pods and nodes a reading folds come from a watch-fed cache
 (``cache``) instead of a list each tick; drains, requeues and placement still read afresh.
 Every API call is in ``autoscaler.sources.kubernetes.api``; an API server that fails or does not
-answer makes the reading fail (demand unknown, never zero). A pod or node that cannot be read is
-left out with a counted one-line warning.
+answer makes the reading fail (demand unknown, never zero). A pending pod that cannot be read, or
+asks for what no pool can give (a GPU resource nobody counts, a node selector no pool's nodes
+meet: ``fit``), is counted as demand that cannot be met; a node or bound pod that cannot be read
+is left out. Each is named in one warning line when the set changes, and counted by kind on
+``gpu_autoscaler_source_problems`` (``reading_problems``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from autoscaler.model.optional import require_extra
 from autoscaler.sources import kubernetes_join
 from autoscaler.sources.kubernetes.api import KubeApi, Listing
 from autoscaler.sources.kubernetes.cache import WatchCache
-from autoscaler.sources.kubernetes.demand import describe, pending_demand
+from autoscaler.sources.kubernetes.demand import UNKNOWN_RESOURCE, describe, pending_demand
+from autoscaler.sources.kubernetes.fit import NodeNeeds, PoolLabels, unmet
 from autoscaler.sources.kubernetes.nodes import (
     Allocation,
     BadNodeError,
@@ -50,7 +54,7 @@ from autoscaler.sources.kubernetes.nodes import (
     running_jobs,
     workload,
 )
-from autoscaler.sources.kubernetes.pods import BadPodError, PodRules, Times, read_pod
+from autoscaler.sources.kubernetes.pods import BadPodError, Pod, PodRules, Times, read_pod
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
 from autoscaler.spi.sources import NodeReading, RunningJob
 
@@ -80,8 +84,11 @@ class KubernetesSource:
         self.rules = PodRules.of(settings)
         self.api = api or KubeApi(settings, self.where)
         # what the last reading could not read as it is, one line each, and how many
-        self.problems: tuple[str, ...] = ()
-        self.skipped = 0
+        self._lines: dict[str, tuple[str, ...]] = {}  # each reading's last problems
+        self._counts: dict[str, int] = {}  # the last readings' problems by kind
+        self._fits: tuple[PoolLabels, ...] = ()  # what each pool joining the cluster carries
+        self._unmet: dict[NodeNeeds, str | None] = {}
+        self._rendered: set[str] = set()  # the pools whose join this source rendered
         self._said: dict[str, frozenset[str]] = {}  # what each reading last warned of
         self._pods: tuple[float, float, Listing] | None = None
         self._nodes: Nodes | None = None
@@ -152,15 +159,20 @@ class KubernetesSource:
         return nodes
 
     def read(self, now: float) -> Sequence[DemandGroup]:
-        reading = pending_demand(self._pod_list(now).items, self.rules)
-        if reading.unhostable:
-            reading.bad.insert(
-                0,
-                f"{len(reading.unhostable)} pending pod(s) ask for a GPU resource no setting "
-                f"counts (extra_gpu_resources), counted as demand no pool can host: "
-                f"{describe(reading.unhostable)}",
-            )
-        self._tell(reading.bad, "pending pod(s)")
+        fits = self._unmet_of if self._fits else None
+        reading = pending_demand(self._pod_list(now).items, self.rules, fits, now)
+        lines: list[str] = []
+        for kind, found in reading.problems.items():
+            self._counts[kind] = len(found)
+            if kind == UNKNOWN_RESOURCE and found:
+                lines.append(
+                    f"{len(found)} pending pod(s) ask for a GPU resource no setting "
+                    f"counts (extra_gpu_resources), counted as demand no pool can host: "
+                    f"{describe(found)}"
+                )
+            elif found:
+                lines += found
+        self._tell(lines, "pending pod(s)")
         return reading.groups
 
     def read_nodes(self, now: float) -> NodeReading:
@@ -169,14 +181,38 @@ class KubernetesSource:
         reading, self._empty_since = node_reading(nodes, allocation, self._empty_since, now)
         problems = list(nodes.bad)
         problems += [f"counted as fully allocated: {why}" for why in allocation.unreadable.values()]
+        self._counts["unreadable-node"] = len(nodes.bad)
+        self._counts["unreadable-bound-pod"] = len(allocation.unreadable)
         self._tell(problems, "node(s) or bound pod(s)")
         return reading
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What the last demand and node readings could not take as it is, one line each."""
+        return tuple(line for lines in self._lines.values() for line in lines)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.problems)
+
+    def reading_problems(self) -> Mapping[str, int]:
+        """The last readings' problems by kind (``ReportsProblems``): pending pods counted as
+        demand that cannot be met, or off spot, and nodes and bound pods left out."""
+        return dict(self._counts)
+
+    def _unmet_of(self, pod: Pod) -> str | None:
+        """Why no pool's node can meet ``pod``'s node selector, or None (remembered per
+        selector: a cluster's pending pods share a few)."""
+        if pod.needs not in self._unmet:
+            if len(self._unmet) > 4096:
+                self._unmet.clear()
+            self._unmet[pod.needs] = unmet(pod.needs, self._fits)
+        return self._unmet[pod.needs]
 
     def _tell(self, problems: list[str], what: str) -> None:
         """One warning line when a reading's problems change, not every tick; ``skipped`` and
         ``problems`` are the last reading's."""
-        self.skipped = len(problems)
-        self.problems = tuple(problems)
+        self._lines[what] = tuple(problems)
         said = frozenset(problems)
         if problems and said != self._said.get(what):
             log.warning(
@@ -335,7 +371,24 @@ class KubernetesSource:
         """The boot script of an instance of ``pool`` when ``join_user_data`` asks for it; the
         pool is remembered either way, so ``apply_placement`` knows its nodes' labels."""
         self._pools[kubernetes_join.label_value(pool.name)] = pool
-        return kubernetes_join.join_user_data(pool, self.settings, self.name)
+        rendered = kubernetes_join.join_user_data(pool, self.settings, self.name)
+        if rendered is not None:
+            self._rendered.add(pool.name)
+        return rendered
+
+    def know_pools(self, pools: Sequence[Pool]) -> None:
+        """The config's pools, once their user data is settled (``KnowsPools``): the labels
+        the nodes of each that joins the cluster carry, for ``fit``. A pool whose join is
+        not ours may carry any label."""
+        extra = self.settings.join.extra_labels if self.settings.join is not None else {}
+        self._fits = tuple(
+            PoolLabels.of(pool, kubernetes_join.node_labels(pool), extra)
+            if pool.name in self._rendered
+            else PoolLabels.unknown(pool)
+            for pool in pools
+            if pool.joins_scheduler
+        )
+        self._unmet.clear()
 
     def apply_placement(self, placement: Placement) -> None:
         """Nothing is written per pod: a pod that may run on spot tolerates the spot taint, a

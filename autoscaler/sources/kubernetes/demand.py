@@ -11,32 +11,67 @@ A pod may be planned on spot when it declares a checkpoint interval, is not high
 tolerates the spot taint: the taint is what keeps it off spot nodes, so a pod without the
 toleration is planned as one that must stay off spot, whatever it declares.
 
-A pod asking for a GPU-like resource no setting counts (``amd.com/gpu``) is demand no pool can
-host (its model is the resource's name), so the controller reports it as unhostable rather
-than reading it as no demand. A pod whose fields cannot be read is left out and named in the
-reading's problems.
+Demand that cannot be met is counted, never read as no demand: the controller reports it as
+unhostable (``gpu_autoscaler_unhostable_jobs``) and buys nothing for it, and the reading names
+each pod with its reason (``Reading.problems``, by kind, for the source's warning line and
+``gpu_autoscaler_source_problems``):
+
+* ``unknown-gpu-resource``: a GPU-like resource no setting counts (``amd.com/gpu``); its model
+  is the resource's name, which no pool offers;
+* ``unmet-node-selector``: a node selector or required affinity no pool's nodes can meet
+  (``autoscaler.sources.kubernetes.fit``); its model says the requirement;
+* ``unreadable``: a pod whose fields cannot be read, unless what can be read shows it is not
+  pending GPU demand; one job of its GPUs when they can be read, else of one GPU;
+* ``too-large``: more GPUs on one node, or more pods at once, than any node or job can hold.
+
+A checkpoint annotation that cannot be read (``bad-checkpoint-annotation``) leaves the pod as
+demand that can be met, as one that does not checkpoint (kept off spot): a typo in an
+annotation costs the pod spot's discount, not its GPUs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.model import DemandGroup
-from autoscaler.sources.kubernetes.pods import BadPodError, Pod, PodRules, Times, ident, read_pod
+from autoscaler.sources.kubernetes.pods import (
+    BadPodError,
+    Pod,
+    PodRules,
+    Times,
+    ident,
+    read_pod,
+    requested,
+    unschedulable_status,
+)
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, groups_from_counts
+
+UNREADABLE_MODEL = "an unreadable pod"
+
+# what can be wrong with a pending pod, as the metric's ``problem`` label says it
+UNREADABLE = "unreadable"
+UNKNOWN_RESOURCE = "unknown-gpu-resource"
+UNMET_SELECTOR = "unmet-node-selector"
+TOO_LARGE = "too-large"
+BAD_CHECKPOINT = "bad-checkpoint-annotation"
+PROBLEMS = (UNREADABLE, UNKNOWN_RESOURCE, UNMET_SELECTOR, TOO_LARGE, BAD_CHECKPOINT)
+
+Unmet = Callable[[Pod], str | None]
 
 
 @dataclass
 class Reading:
-    """Demand groups, and the pods left out or unhostable, each as one line."""
+    """Demand groups, and the pods read with a problem, one line each, by kind."""
 
     groups: list[DemandGroup] = field(default_factory=list)
-    bad: list[str] = field(default_factory=list)
-    unhostable: list[str] = field(default_factory=list)
+    problems: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in PROBLEMS})
     pending: int = 0
+
+    def said(self, kind: str, line: str) -> None:
+        self.problems[kind].append(line)
 
 
 @dataclass
@@ -69,8 +104,43 @@ def _gang_of(obj: Any, rules: PodRules) -> str | None:
     return None
 
 
-def pending_demand(pods: Iterable[Any], rules: PodRules) -> Reading:
-    """Fold the pods of one list into demand groups."""
+def _unreadable_gpus(obj: Any, rules: PodRules) -> int | None:
+    """The GPUs an unreadable pod may wait for: None when what can be read shows it is not
+    pending GPU demand (scheduled, not marked unschedulable, no GPU asked, another namespace);
+    one when its resources themselves cannot be read."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    status = obj.get("status") if isinstance(obj, dict) else None
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    others = rules.namespaces is not None and isinstance(namespace, str)
+    if others and namespace not in (rules.namespaces or ()):
+        return None
+    try:
+        if isinstance(status, dict) and not unschedulable_status(status):
+            return None
+    except BadPodError:
+        pass
+    try:
+        gpus, _, other = requested(spec if isinstance(spec, dict) else {}, rules)
+    except BadPodError:
+        return 1
+    return (gpus or other) or None
+
+
+def _created(obj: Any, times: Times, now: float) -> float:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    try:
+        return times(meta.get("creationTimestamp") if isinstance(meta, dict) else None, "")
+    except BadPodError:
+        return now
+
+
+def pending_demand(
+    pods: Iterable[Any], rules: PodRules, unmet: Unmet | None = None, now: float = 0.0
+) -> Reading:
+    """Fold the pods of one list into demand groups; ``unmet`` says why no pool's node can
+    meet a pod's node selector (None: one may); ``now`` is when an unreadable pod was made
+    when its own time cannot be read."""
     reading = Reading()
     times = Times()
     counts: dict[GroupKey, int] = {}
@@ -97,7 +167,11 @@ def pending_demand(pods: Iterable[Any], rules: PodRules) -> Reading:
         try:
             pod = read_pod(obj, rules, times)
         except BadPodError as exc:
-            reading.bad.append(f"pod {ident(obj)}: {exc}")
+            waiting = _unreadable_gpus(obj, rules)
+            if waiting is not None and waiting <= MAX_GPUS_PER_NODE:
+                reading.said(UNREADABLE, f"pod {ident(obj)}: {exc}")
+                key = GroupKey(waiting, None, False, (UNREADABLE_MODEL,), None, 1, None)
+                add(key, ident(obj), _created(obj, times, now))
             continue
         if not pod.unschedulable or pod.terminating:
             continue
@@ -107,13 +181,17 @@ def pending_demand(pods: Iterable[Any], rules: PodRules) -> Reading:
         if not gpus:
             continue
         if pod.other_resource:
-            reading.unhostable.append(f"pod {pod.id} asks for {pod.other_resource}")
+            reading.said(UNKNOWN_RESOURCE, f"pod {pod.id} asks for {pod.other_resource}")
+        elif unmet is not None and (why := unmet(pod)) is not None:
+            reading.said(UNMET_SELECTOR, f"pod {pod.id} needs {why}, which no pool's nodes carry")
+            pod = replace(pod, gpu_models=(why,))
         if gpus > MAX_GPUS_PER_NODE:
-            reading.bad.append(f"pod {pod.id}: asks {gpus:,} GPUs of one node")
+            reading.said(TOO_LARGE, f"pod {pod.id}: asks {gpus:,} GPUs of one node")
             continue
         if pod.checkpointing.problem:
-            reading.bad.append(
-                f"pod {pod.id} counts as not checkpointing: {pod.checkpointing.problem}"
+            reading.said(
+                BAD_CHECKPOINT,
+                f"pod {pod.id} counts as not checkpointing: {pod.checkpointing.problem}",
             )
         if pod.gang:
             gangs.setdefault(pod.gang, _Gang()).members.append(pod)
@@ -126,7 +204,7 @@ def pending_demand(pods: Iterable[Any], rules: PodRules) -> Reading:
         if size:
             nodes = max(nodes, size - gang.running)
         if nodes > MAX_JOB_NODES:
-            reading.bad.append(f"pod group {name}: {nodes:,} pods at once")
+            reading.said(TOO_LARGE, f"pod group {name}: {nodes:,} pods at once")
             continue
         first = min(gang.members, key=lambda m: (m.created, m.id))
         per_node = max(m.gpus or m.other_gpus for m in gang.members)

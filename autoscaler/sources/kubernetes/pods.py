@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.sources.kubernetes.fit import NodeNeeds, Requirement
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
 
 Obj = Mapping[str, Any]
@@ -117,6 +118,7 @@ class Pod:
     gang_size: int | None = None
     owner_kind: str | None = None
     mirror: bool = False
+    needs: NodeNeeds = field(default_factory=NodeNeeds)
 
     @property
     def id(self) -> str:
@@ -299,6 +301,33 @@ def wanted_gpus(spec: Obj, rules: PodRules) -> tuple[tuple[str, ...], float | No
     return tuple(sorted(models)), memory
 
 
+def node_needs(spec: Obj) -> NodeNeeds:
+    """The pod's ``nodeSelector`` and the terms of its required node affinity, as the
+    scheduler reads them (``matchFields`` name a node, which any pool's node may be)."""
+    selector = as_strings(spec.get("nodeSelector"), "spec.nodeSelector")
+    affinity = as_mapping(spec.get("affinity"), "spec.affinity")
+    node_affinity = as_mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = as_mapping(
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"),
+        "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+    )
+    terms: list[tuple[Requirement, ...]] = []
+    for index, term in enumerate(as_list(required.get("nodeSelectorTerms"), "nodeSelectorTerms")):
+        found: list[Requirement] = []
+        expressions = as_mapping(term, f"nodeSelectorTerms[{index}]").get("matchExpressions")
+        for expression in as_list(expressions, f"nodeSelectorTerms[{index}].matchExpressions"):
+            read = as_mapping(expression, "a matchExpression")
+            key, operator = read.get("key"), read.get("operator")
+            values = as_list(read.get("values"), "a matchExpression's values")
+            if not (isinstance(key, str) and isinstance(operator, str)) or not all(
+                isinstance(v, str) for v in values
+            ):
+                raise BadPodError(f"nodeSelectorTerms[{index}]: a matchExpression is malformed")
+            found.append((key, operator, tuple(values)))
+        terms.append(tuple(found))
+    return NodeNeeds(tuple(sorted(selector.items())), tuple(terms))
+
+
 def gpu_memory_gib(text: str | None) -> float | None:
     """GiB per GPU from GPU feature discovery's ``nvidia.com/gpu.memory`` (MiB)."""
     if text and text.isdigit() and int(text) > 0:
@@ -400,7 +429,7 @@ def _owner(meta: Obj) -> str | None:
     return None
 
 
-def _unschedulable(status: Obj) -> bool:
+def unschedulable_status(status: Obj) -> bool:
     for item in as_list(status.get("conditions"), "status.conditions"):
         condition = as_mapping(item, "a status condition")
         if condition.get("type") == "PodScheduled":
@@ -425,8 +454,10 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
     if not isinstance(phase, str) or not (node is None or isinstance(node, str)):
         raise BadPodError("status.phase or spec.nodeName is not a string")
     gpus, other, other_gpus = requested(spec, rules)
+    needs = NodeNeeds()
     if gpus:
         models, memory = wanted_gpus(spec, rules)
+        needs = node_needs(spec) if node is None else needs
     else:  # no GPU counted: a GPU-like resource nobody counts is a model no pool offers
         models, memory = ((other,) if other else ()), None
     started = status.get("startTime")
@@ -442,7 +473,7 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
         unschedulable=node is None
         and phase == "Pending"
         and not status.get("nominatedNodeName")
-        and _unschedulable(status),
+        and unschedulable_status(status),
         gpus=gpus,
         created=times(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
         started=times(started, "status.startTime") if started else None,
@@ -458,5 +489,6 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
         gang=gang,
         gang_size=size,
         owner_kind=_owner(meta),
+        needs=needs,
         mirror=MIRROR in annotations,
     )
