@@ -206,6 +206,16 @@ class Vm:
         }
         if self.body.get("zones"):
             resource["zones"] = list(self.body["zones"])
+        identity = self.body.get("identity")
+        if identity is not None:  # ARM fills in each identity's ids
+            users = identity.get("userAssignedIdentities") or {}
+            resource["identity"] = {
+                "type": identity.get("type"),
+                "userAssignedIdentities": {
+                    key: {"principalId": str(uuid.uuid5(uuid.NAMESPACE_URL, key)), "clientId": key}
+                    for key in users
+                },
+            }
         return resource
 
     def instance_view(self) -> dict[str, Any]:
@@ -791,6 +801,17 @@ def _invalid_vm(body: dict[str, Any]) -> str | None:
         return "Spot VMs need an evictionPolicy of Delete or Deallocate."
     if priority != "Spot" and properties.get("billingProfile"):
         return "billingProfile.maxPrice is only allowed for Spot VMs."
+    identity = body.get("identity")
+    if identity is not None:
+        kind = identity.get("type")
+        users = identity.get("userAssignedIdentities") or {}
+        if kind not in ("SystemAssigned", "UserAssigned", "SystemAssigned, UserAssigned", "None"):
+            return f"The identity type '{kind}' is not valid."
+        if ("UserAssigned" in str(kind)) != bool(users):
+            return "userAssignedIdentities must be given exactly when the type is UserAssigned."
+        for key in users:
+            if "/providers/microsoft.managedidentity/userassignedidentities/" not in key.lower():
+                return f"The identity '{key}' is not a user-assigned identity's resource id."
     return None
 
 

@@ -51,6 +51,12 @@ T4 = "Standard_NC4as_T4_v3"
 START = 1_700_000_000.0
 
 
+IDENTITY = (
+    "/subscriptions/s/resourceGroups/ids/providers/Microsoft.ManagedIdentity/"
+    "userAssignedIdentities/join"
+)
+
+
 def pool(
     name: str = "t4-spot",
     market: str = "spot",
@@ -157,6 +163,7 @@ def test_on_demand_vms_are_regular_and_pool_options_reach_the_vm(
         custom_data="#cloud-config\nruncmd: [join-fleet]\n",
         admin_username="gpu",
         image="/subscriptions/s/resourceGroups/img/providers/Microsoft.Compute/images/node",
+        identities=[IDENTITY],
     )
     azure = provider(azure_world, [regular, capped])
     (od,) = azure.launch(regular, 1, "req-od", FLEET).instances
@@ -168,6 +175,11 @@ def test_on_demand_vms_are_regular_and_pool_options_reach_the_vm(
     assert "evictionPolicy" not in od_properties and "billingProfile" not in od_properties
     assert od_properties["storageProfile"]["osDisk"]["diskSizeGB"] == 128
     assert od_vm.body["zones"] == ["2"]
+    assert "identity" not in od_vm.body
+    assert cap_vm.body["identity"] == {
+        "type": "UserAssigned",
+        "userAssignedIdentities": {IDENTITY: {}},
+    }, "the identity a boot script reads Key Vault with"
     properties = cap_vm.body["properties"]
     assert properties["billingProfile"] == {"maxPrice": 0.25}
     assert cap_vm.body["zones"] == ["1"]
@@ -546,6 +558,11 @@ def test_settings_and_pool_options_are_checked(azure_world: AzureWorld) -> None:
         )
     with pytest.raises(InputError, match=r"pools\[0\]\.options\.zones"):
         AzureProvider.from_config(azure_world.settings(), [pool(zones=["1"])], FLEET)
+    with pytest.raises(InputError, match=r"pools\[0\]\.options\.identities: .*user-assigned"):
+        AzureProvider.from_config(azure_world.settings(), [pool(identities=["join"])], FLEET)
+    with pytest.raises(InputError, match=r"pools\[0\]\.options\.identities: .*named twice"):
+        twice = [IDENTITY, IDENTITY.upper()]
+        AzureProvider.from_config(azure_world.settings(), [pool(identities=twice)], FLEET)
 
 
 def test_vm_names_are_deterministic_valid_and_distinct() -> None:

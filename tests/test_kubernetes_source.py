@@ -432,7 +432,7 @@ def test_nodes_are_on_prem_gpu_nodes_and_our_cloud_nodes_by_instance_id(
             "aks-1",
             1,
             labels=ours,
-            provider_id="azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm-9",
+            provider_id="azure:///subscriptions/s/resourcegroups/rg/providers/Microsoft.Compute/virtualMachines/VM-9",
         ),
     )
     k8s_api.put("nodes", node("i-0def", 8, labels=ours))  # kubeadm: named by its instance id

@@ -338,7 +338,8 @@ class AzureInstances:
 
     def body(self, pool: Pool, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
         """The VM as ARM's JSON: the pool's size, image and subnet, a NIC and OS disk that are
-        deleted with the VM, and the spot settings for a spot pool."""
+        deleted with the VM, the spot settings for a spot pool, and the pool's user-assigned
+        identities (a boot script reads its secrets with one)."""
         options = self.options[pool.name]
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete"}
         if options.os_disk_size_gb is not None:
@@ -399,6 +400,11 @@ class AzureInstances:
         }
         if pool.zone:
             body["zones"] = [pool.zone.rsplit("-", 1)[-1]]
+        if options.identities:
+            body["identity"] = {
+                "type": "UserAssigned",
+                "userAssignedIdentities": {identity: {} for identity in options.identities},
+            }
         return body
 
     # -- terminating -------------------------------------------------------------------------

@@ -76,6 +76,13 @@ class AzurePoolOptions(_Strict):
         description="cloud-init or a script the VM boots with; the pool's user_data, which "
         "every cloud shares, says the same (give one of the two)",
     )
+    identities: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="user-assigned managed identities (resource ids) the VMs carry: what a "
+        "boot script reads a secret store with (the Kubernetes join's azure-key-vault store "
+        "needs one with read access to the secret; with several, give the join's client_id)",
+    )
     proximity_placement_group: PlacementOption | None = Field(
         None,
         description="the proximity placement group (in the fleet's resource group) a gang is "
@@ -105,6 +112,25 @@ class AzurePoolOptions(_Strict):
     def _subnet(cls, value: str) -> str:
         if not (value.lower().startswith("/subscriptions/") and "/subnets/" in value.lower()):
             raise ValueError("expected a subnet resource id (/subscriptions/.../subnets/NAME)")
+        return value
+
+    @field_validator("identities")
+    @classmethod
+    def _identities(cls, value: list[str]) -> list[str]:
+        for text in value:
+            lowered = text.lower()
+            if not (
+                lowered.startswith("/subscriptions/")
+                and "/providers/microsoft.managedidentity/userassignedidentities/" in lowered
+                and not lowered.endswith("/")
+            ):
+                raise ValueError(
+                    f"{text[:200]!r}: expected a user-assigned identity's resource id "
+                    "(/subscriptions/.../providers/Microsoft.ManagedIdentity/"
+                    "userAssignedIdentities/NAME)"
+                )
+        if len({t.lower() for t in value}) != len(value):
+            raise ValueError("an identity is named twice")
         return value
 
     @field_validator("max_price")

@@ -78,12 +78,16 @@ class Node:
 
 
 def instance_id(provider_id: str) -> str | None:
-    """The instance id in a node's providerID: its last path segment."""
-    _, sep, path = provider_id.partition("://")
+    """The instance id in a node's providerID: its last path segment. Azure's names are
+    case-insensitive and its cloud provider has written them in either case (the Azure
+    provider names its VMs in lower case), so an ``azure://`` one is compared in lower case."""
+    scheme, sep, path = provider_id.partition("://")
     if not sep:
         return None
     parts = [p for p in path.split("/") if p]
-    return parts[-1] if parts else None
+    if not parts:
+        return None
+    return parts[-1].lower() if scheme.lower() == "azure" else parts[-1]
 
 
 def read_node(obj: Any, rules: PodRules) -> Node:
