@@ -188,6 +188,27 @@ def test_gangs_are_one_job_of_a_node_each(k8s_api: K8sApi, source: KubernetesSou
     assert (indexed.nodes, indexed.gpus_per_node) == (2, 2)
 
 
+def test_a_kueue_pod_group_is_a_gang_once_admitted_and_not_demand_while_gated(
+    k8s_api: K8sApi, source: KubernetesSource
+) -> None:
+    kueue = {"kueue.x-k8s.io/pod-group-name": "trainer", "kueue.x-k8s.io/queue-name": "team-a"}
+    total = {"kueue.x-k8s.io/pod-group-total-count": "3"}
+    for index in range(2):
+        made = tried(pod(f"trainer-{index}", "ml", gpus=8, labels=kueue, annotations=total))
+        k8s_api.put("pods", made)
+    held = pod("held-0", "ml", gpus=8, labels={"kueue.x-k8s.io/pod-group-name": "held"})
+    held["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    held["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+    ]
+    k8s_api.put("pods", held)
+    (trainer,) = source.read(1.0)
+    assert trainer.oldest_jobs == ("ml/trainer",)
+    assert (trainer.jobs, trainer.nodes, trainer.gpus_per_node) == (1, 3, 8), (
+        "the total count holds the member Kueue has yet to ungate"
+    )
+
+
 def test_a_gang_partly_running_needs_only_the_rest(
     k8s_api: K8sApi, source: KubernetesSource
 ) -> None:

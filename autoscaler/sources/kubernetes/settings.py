@@ -118,14 +118,16 @@ class KubernetesSettings(KubernetesJoinSettings):
         default_factory=lambda: [
             "scheduling.x-k8s.io/pod-group",
             "pod-group.scheduling.sigs.k8s.io",
+            "kueue.x-k8s.io/pod-group-name",
         ],
-        description="pod labels naming a gang (the coscheduling plugin's pod group): its "
-        "pending pods are one job needing a node each, all at once",
+        description="pod labels naming a gang (the coscheduling plugin's pod group, a Kueue "
+        "plain-pod group): its pending pods are one job needing a node each, all at once",
     )
     min_available_keys: list[str] = Field(
         default_factory=lambda: [
             "pod-group.scheduling.sigs.k8s.io/min-available",
             "scheduling.x-k8s.io/min-available",
+            "kueue.x-k8s.io/pod-group-total-count",
         ],
         description="pod labels or annotations giving a pod group's size",
     )
