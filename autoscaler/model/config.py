@@ -30,6 +30,7 @@ from autoscaler.model.errors import InputError
 from autoscaler.model.gpus import memory_gib
 from autoscaler.model.inputfile import Loc, LocatedDocument, read_yaml, relocate, validate_document
 from autoscaler.model.secrets import looks_like_variable_name
+from autoscaler.model.teams import TeamsConfig
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PLACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$")
@@ -216,6 +217,8 @@ class ControllerConfig(Frozen):
     # A node not joined to the scheduler this long after its pool's boot time is replaced
     # (None: never); Karpenter's registration TTL is 15 minutes.
     registration_timeout_s: NonNegativeFloat | None = 900.0
+    # Teams sharing the fleet (autoscaler/model/teams.py); None: one team, as before.
+    teams: TeamsConfig | None = None
 
     _document: LocatedDocument | None = PrivateAttr(None)
     _at: Loc = PrivateAttr(())

@@ -281,6 +281,9 @@ class Job(Frozen):
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: PositiveFloat | None = None
     partition: str | None = None
+    team: str | None = Field(
+        None, max_length=253, description="the team the scheduler names the job's (teams.py)"
+    )
 
     @model_validator(mode="after")
     def _whole(self) -> Job:
@@ -323,6 +326,9 @@ class DemandGroup(Frozen):
         default=(),
         description="the ids of the jobs that have waited longest, oldest first (at most "
         "eight), where the source names jobs: what on-prem rebalancing makes room for",
+    )
+    team: str | None = Field(
+        None, max_length=253, description="the team the jobs are counted under (teams.py)"
     )
 
     @model_validator(mode="after")

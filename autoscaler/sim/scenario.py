@@ -43,6 +43,7 @@ from autoscaler.model.inputfile import (
     validate_document,
     validate_settings,
 )
+from autoscaler.model.teams import overcommitted
 from autoscaler.sim.demand_spec import DemandSeriesSpec
 from autoscaler.sim.synthetic import SyntheticTraceSpec
 
@@ -261,6 +262,20 @@ class Scenario(Frozen):
                 f"the trace window is {window / tick:,.0f} ticks of {tick:g} s; at most "
                 f"{MAX_REPLAY_TICKS:,} are replayed: raise tick_seconds or shorten the window"
             )
+        return controller
+
+    @field_validator("controller")
+    @classmethod
+    def _guarantees_fit_the_fleet(
+        cls, controller: ControllerConfig, info: ValidationInfo
+    ) -> ControllerConfig:
+        """A scenario knows its on-prem fleet: the teams' guarantees must fit on it."""
+        onprem = info.data.get("onprem")
+        if controller.teams is not None and isinstance(onprem, tuple):
+            gpus = sum(node.gpus * node.count for node in onprem)
+            problem = overcommitted(controller.teams.teams, gpus)
+            if problem:
+                raise ValueError(f"teams: {problem}")
         return controller
 
     @field_validator("market")

@@ -185,13 +185,15 @@ class GroupKey(NamedTuple):
     partition: str | None
     nodes: int = 1
     min_gpu_memory_gib: float | None = None
+    team: str | None = None
 
 
 _job_key = operator.attrgetter(*GroupKey._fields)
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
-    """Fold pending jobs into demand groups: same shape, checkpoint interval, class and queue."""
+    """Fold pending jobs into demand groups: same shape, checkpoint interval, class, queue
+    and team."""
     counts: dict[tuple[object, ...], int] = {}
     named: dict[tuple[object, ...], OldestJobs] = {}
     bounds: dict[tuple[object, ...], float] = {}
@@ -271,6 +273,7 @@ def groups_from_counts(
             partition=key.partition,
             oldest_submit_time=oldest[key],
             oldest_jobs=ids.get(key, ()),
+            team=key.team,
         )
         for key in sorted(counts, key=_group_order)
     ]
@@ -278,7 +281,7 @@ def groups_from_counts(
 
 def _group_order(
     key: GroupKey,
-) -> tuple[int, float, bool, tuple[str, ...], str, int, float]:
+) -> tuple[int, float, bool, tuple[str, ...], str, int, float, str]:
     return (
         key.gpus,
         key.checkpoint_interval_s if key.checkpoint_interval_s is not None else -1.0,
@@ -287,6 +290,7 @@ def _group_order(
         key.partition or "",
         key.nodes,
         key.min_gpu_memory_gib or 0.0,
+        key.team or "",
     )
 
 
