@@ -25,11 +25,12 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from autoscaler.fleet.telemetry import FUTURE_SKEW_S
-from autoscaler.model import DemandGroup
+from autoscaler.model import DemandGroup, Name
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.model.secrets import read_secret_env
 from autoscaler.sources.exposition import MAX_FB_MIB, NUMBER
+from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.job_shape import ShapeSettings
 from autoscaler.spi.sources import GpuSample
 
@@ -262,18 +263,37 @@ class PrometheusQueueSettings(ShapeSettings):
     )
     checkpoint_interval_s: float | None = Field(None, gt=0)
     high_priority: bool = False
+    team_label: str | None = Field(
+        None,
+        min_length=1,
+        description="split the answer by team: this label's value names the team a series' "
+        "jobs are counted under (the config's teams; a query such as "
+        "sum by (team) (queue_depth)); a series without it counts under team",
+    )
+    team: Name | None = Field(
+        None,
+        description="the team the query's jobs are counted under (those of a series without "
+        "team_label's label, when that is set); unset: no team",
+    )
 
 
 def demand_from_samples(
-    samples: Sequence[QuerySample], settings: PrometheusQueueSettings, now: float, where: str
+    samples: Sequence[QuerySample],
+    settings: PrometheusQueueSettings,
+    now: float,
+    where: str,
+    teams: TeamNames | None = None,
 ) -> list[DemandGroup]:
     """Each series' value rounded up is a number of jobs (half a job waiting still needs a whole
-    one's GPUs), grouped by the partition label when one is set; the answer must be fresh."""
+    one's GPUs), grouped by the partition label when one is set and by team; the answer must be
+    fresh. A team label's value that cannot be a team is said once (``teams``) and its jobs
+    count under no team."""
+    teams = teams or TeamNames(where, f"label {settings.team_label}")
     if not samples and settings.empty_result == "error":
         raise SourceError(
             f"{where}: the query matched no series (set empty_result: zero if that means no work)"
         )
-    jobs: dict[str | None, int] = {}
+    jobs: dict[tuple[str | None, str | None], int] = {}
     for sample in samples:
         name = series_name(sample.labels)
         age = now - sample.at
@@ -296,7 +316,10 @@ def demand_from_samples(
                     f"{where}: series {name} has no {settings.partition_label!r} label "
                     "(partition_label)"
                 )
-        jobs[partition] = jobs.get(partition, 0) + math.ceil(sample.value)
+        team = settings.team
+        if settings.team_label is not None and settings.team_label in sample.labels:
+            team = teams(sample.labels[settings.team_label])
+        jobs[partition, team] = jobs.get((partition, team), 0) + math.ceil(sample.value)
     if sum(jobs.values()) > MAX_JOBS:
         raise SourceError(f"{where}: the answer adds up to more than {MAX_JOBS:,} jobs")
     shape = settings.job_shape()
@@ -311,8 +334,11 @@ def demand_from_samples(
             min_gpu_memory_gib=shape.min_gpu_memory_gib,
             partition=partition,
             oldest_submit_time=now,
+            team=team,
         )
-        for partition, count in sorted(jobs.items(), key=lambda item: item[0] or "")
+        for (partition, team), count in sorted(
+            jobs.items(), key=lambda item: (item[0][0] or "", item[0][1] or "")
+        )
         if count > 0
     ]
 
@@ -327,6 +353,7 @@ class PrometheusQueueSource:
         self._api = _PrometheusApi(
             settings.url, settings.timeout_s, settings.bearer_token_env, self.where
         )
+        self._teams = TeamNames(self.where, f"label {settings.team_label}")
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> PrometheusQueueSource:
@@ -335,7 +362,7 @@ class PrometheusQueueSource:
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         samples = self._api.instant(self.settings.query)
-        return demand_from_samples(samples, self.settings, now, self.where)
+        return demand_from_samples(samples, self.settings, now, self.where, self._teams)
 
 
 class PrometheusTelemetrySettings(BaseModel):

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from autoscaler.model import DemandGroup
+from autoscaler.model import DemandGroup, Name
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.model.optional import require_extra
@@ -78,6 +78,12 @@ class RedisQueueSettings(ShapeSettings):
     )
     high_priority: bool = False
     partition: str | None = Field(None, description="the partition label the demand carries")
+    team: Name | None = Field(
+        None,
+        description="the team this key's work is counted under (the config's teams): a key "
+        "is one team's queue, since a list or stream says nothing of whose its items are; "
+        "unset: no team",
+    )
     password_env: str | None = Field(
         None, min_length=1, description="NAME of the environment variable holding the password"
     )
@@ -151,6 +157,7 @@ class RedisQueueSource:
                 settings.partition,
                 shape.nodes,
                 shape.min_gpu_memory_gib,
+                settings.team,
             )
             keyed[key] = count
             first = oldest.get(shape)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -72,6 +72,7 @@ from autoscaler.sources.slurm_placement import (
     partition_plan,
     requeued_order,
 )
+from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
 
 DEFAULT_IGNORED_REASONS = (
@@ -144,6 +145,12 @@ class SlurmSettings(BaseModel):
         None, description="a pending job with at least this priority is high priority"
     )
     high_priority_qos: list[str] = Field(default_factory=list)
+    team_from: Literal["account", "wckey", "qos", "partition", "none"] = Field(
+        "account",
+        description="the job field that names the team its demand is counted under (the "
+        "config's teams): account (sbatch --account, how Slurm itself shares a cluster), wckey, "
+        "qos or partition; none: no teams",
+    )
     ignored_reasons: list[str] = Field(
         default_factory=lambda: list(DEFAULT_IGNORED_REASONS),
         description="pending reasons that more capacity cannot fix",
@@ -322,6 +329,8 @@ class SlurmAdapter:
             checkpoint_signal_key=settings.checkpoint_signal_key,
             feature_gpu_models=dict(settings.feature_gpu_models),
             feature_gpu_memory_gib=dict(settings.feature_gpu_memory_gib),
+            team_field=None if settings.team_from == "none" else settings.team_from,
+            team_names=TeamNames(f"slurm source {name!r}: squeue --json", settings.team_from),
         )
         self.node_rules = NodeRules(
             settings.cloud_feature,

@@ -45,6 +45,7 @@ from autoscaler.sources.slurm_features import (
     gpu_needs,
     node_gpu_facts,
 )
+from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, RunningJob, groups_from_counts
 
@@ -107,7 +108,8 @@ class DemandRules:
     partition's (MinNodes, MaxNodes or None for unlimited), read only when a job waits for
     ``PartitionNodeLimit``: such a job is demand when its node count is within those limits
     (the partition is only short of nodes, which cloud nodes joining it fix), and not demand
-    otherwise or while the limits are unknown.
+    otherwise or while the limits are unknown. ``team_field`` is the job field that names its
+    team (``account`` by default; None: no team), read through ``team_names``.
     """
 
     partitions: frozenset[str] | None = None
@@ -121,6 +123,10 @@ class DemandRules:
     feature_gpu_models: Mapping[str, str] = field(default_factory=dict)
     feature_gpu_memory_gib: Mapping[str, float] = field(default_factory=dict)
     partition_nodes: Mapping[str, tuple[int, int | None]] | None = None
+    team_field: str | None = "account"
+    team_names: TeamNames = field(
+        default_factory=lambda: TeamNames("squeue --json", "account"), compare=False
+    )
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,8 @@ class SqueueJob(_JobFields):
     nodes: Any = msgspec.UNSET
     array_job_id: Any = msgspec.UNSET
     array_task_id: Any = msgspec.UNSET
+    account: Any = msgspec.UNSET  # the fields a team may be read from (team_from)
+    wckey: Any = msgspec.UNSET
 
 
 class SqueueRunningJob(_JobFields):
@@ -663,6 +671,8 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
     memo = _Memo(rules)
     qos_high = rules.high_priority_qos
     priority_min = rules.high_priority_min
+    team_field = rules.team_field
+    teams = rules.team_names
     seen: set[int] = set()
     for job in jobs:
         try:
@@ -694,6 +704,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             if job_id in seen:
                 raise BadFieldError("is listed twice (the output is corrupted)")
             seen.add(job_id)
+            team = teams(job.get(team_field)) if team_field else None
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         except _SkippedJobError as exc:
@@ -709,6 +720,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 partition or None,
                 nodes,
                 needs.min_gpu_memory_gib,
+                team,
             ),
             float(submitted),
             copies,
@@ -775,6 +787,7 @@ def pending_jobs(text: str | bytes, rules: DemandRules) -> list[Job]:
                     gpu_models=key.gpu_models,
                     min_gpu_memory_gib=key.min_gpu_memory_gib,
                     partition=key.partition,
+                    team=key.team,
                 )
             )
     return jobs

@@ -5,7 +5,8 @@ give (``nodes``, ``gpu_models``, ``min_gpu_memory_gib``).
 Messages are counted, never read: receiving one to look at its shape would hide it from the
 workers for the visibility timeout and count towards its ``maxReceiveCount``, sending work to
 the dead-letter queue that nobody failed. Work of different shapes goes in different queues,
-one source each."""
+one source each; so does the work of different teams (``team``), since a message attribute
+naming one could be read only by receiving the message."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, field_validator
 
-from autoscaler.model import DemandGroup
+from autoscaler.model import DemandGroup, Name
 from autoscaler.model.clock import Clock, SystemClock
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.spi.job_shape import ShapeSettings
@@ -37,6 +38,12 @@ class SqsSourceSettings(ShapeSettings):
         None, gt=0, description="how often the work behind a message checkpoints; unset: never"
     )
     high_priority: bool = False
+    team: Name | None = Field(
+        None,
+        description="the team this queue's work is counted under (the config's teams): a queue "
+        "is one team's, since messages are counted, never read (a message attribute could "
+        "name a team only by receiving the message); unset: no team",
+    )
 
     @field_validator("queue_url")
     @classmethod
@@ -115,5 +122,6 @@ class SqsQueueSource:
                 gpu_models=shape.gpu_models,
                 min_gpu_memory_gib=shape.min_gpu_memory_gib,
                 oldest_submit_time=now,
+                team=self.settings.team,
             )
         ]

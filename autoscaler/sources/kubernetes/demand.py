@@ -217,6 +217,7 @@ def pending_demand(
             None,
             nodes,
             first.min_gpu_memory_gib,
+            first.team,  # a gang's team is its first member's
         )
         add(key, name, first.created)
         reading.pending += len(gang.members) - 1
@@ -237,6 +238,7 @@ def _key(pod: Pod, gpus: int, nodes: int) -> GroupKey:
         None,
         nodes,
         pod.min_gpu_memory_gib,
+        pod.team,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from autoscaler.sources.kubernetes.fit import NodeNeeds, Requirement
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
+from autoscaler.sources.team_names import TeamNames
 
 Obj = Mapping[str, Any]
 
@@ -59,9 +60,13 @@ class PodRules:
     min_available_keys: tuple[str, ...]
     indexed_jobs_as_gangs: bool
     namespaces: frozenset[str] | None = None
+    team_label: str | None = None  # None: the namespace names the team
+    team_names: TeamNames = field(
+        default_factory=lambda: TeamNames("kubernetes", "namespace"), compare=False
+    )
 
     @classmethod
-    def of(cls, settings: KubernetesSettings) -> PodRules:
+    def of(cls, settings: KubernetesSettings, where: str = "kubernetes") -> PodRules:
         return cls(
             gpu_resources=settings.gpu_resources,
             gpu_models=dict(settings.gpu_models),
@@ -80,6 +85,11 @@ class PodRules:
             min_available_keys=tuple(settings.min_available_keys),
             indexed_jobs_as_gangs=settings.indexed_jobs_as_gangs,
             namespaces=frozenset(settings.namespaces) if settings.namespaces else None,
+            team_label=settings.team_label,
+            team_names=TeamNames(
+                where,
+                f"label {settings.team_label}" if settings.team_label else "namespace",
+            ),
         )
 
 
@@ -119,6 +129,7 @@ class Pod:
     owner_kind: str | None = None
     mirror: bool = False
     needs: NodeNeeds = field(default_factory=NodeNeeds)
+    team: str | None = None
 
     @property
     def id(self) -> str:
@@ -491,4 +502,5 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
         owner_kind=_owner(meta),
         needs=needs,
         mirror=MIRROR in annotations,
+        team=rules.team_names(labels.get(rules.team_label) if rules.team_label else namespace),
     )

@@ -135,6 +135,12 @@ class KubernetesSettings(KubernetesJoinSettings):
         True,
         description="the pending pods of an Indexed Job (completionMode: Indexed) are one gang",
     )
+    team_label: str | None = Field(
+        None,
+        description="the pod label whose value names the team a pod's demand is counted under "
+        "(the config's teams); unset: the pod's namespace, the unit Kubernetes quotas and "
+        "Kueue's queues are given per; a pod without the label counts under no team",
+    )
 
     # -- actions ----------------------------------------------------------------------------
     drain_timeout_action: Literal["evict", "delete"] = Field(
@@ -180,6 +186,13 @@ class KubernetesSettings(KubernetesJoinSettings):
         for key in value:
             if not _KEY.match(key):
                 raise ValueError(f"{key[:80]!r} is not a label key ([prefix/]name)")
+        return value
+
+    @field_validator("team_label")
+    @classmethod
+    def _team_label(cls, value: str | None) -> str | None:
+        if value is not None and not _KEY.match(value):
+            raise ValueError(f"{value[:80]!r} is not a label key ([prefix/]name)")
         return value
 
     @field_validator("spot_toleration_key")
