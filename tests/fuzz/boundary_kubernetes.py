@@ -30,16 +30,23 @@ The only error a reading may end in is a managed node that cannot be read (the s
 from __future__ import annotations
 
 import copy
+import itertools
+import json
+import logging
 import math
+import os
 import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness import Outcome
+from answer_server import AnswerServer
+from harness import Outcome, mutate_text
 from k8s_cluster import node, pod, spot_taint, spot_toleration, tried
 
 from autoscaler.model import Market, Pool
+from autoscaler.model.errors import SourceError
+from autoscaler.sources.kubernetes import KubernetesSource
 from autoscaler.sources.kubernetes.demand import (
     PROBLEMS,
     TOO_LARGE,
@@ -68,7 +75,7 @@ LONGEST_LINE = 1000
 MAX_CHECKPOINT_S = 30 * 86_400.0
 GPU = "nvidia.com/gpu"
 GROUP = "scheduling.x-k8s.io/pod-group"
-GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io")
+KUEUE = "kueue.x-k8s.io/pod-group-name"
 SIZE = "scheduling.x-k8s.io/min-available"
 JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 MANAGED = "gpu-autoscaler.io/managed"
@@ -349,7 +356,8 @@ POD_FIELDS: dict[str, tuple[Path, list[Any]]] = {
             None, "x", {"a": 5}, {}, {GROUP: "ring"}, {GROUP: ""}, {GROUP: 5},
             {"pod-group.scheduling.sigs.k8s.io": "g" * 300},
             {JOB_INDEX: "0", "batch.kubernetes.io/job-name": "idx"}, {JOB_INDEX: "1"},
-            {GROUP: "a\nb"}, {GROUP: "ring", SIZE: "3"},
+            {GROUP: "a\nb"}, {GROUP: "ring", SIZE: "3"}, {KUEUE: "ring"},
+            {KUEUE: "kq", "kueue.x-k8s.io/pod-group-total-count": "x"},
         ],
     ),
     "group": (("metadata", "labels", GROUP), ["ring", "big", "", 5, None, "x\ny", "é" * 100]),
@@ -358,6 +366,11 @@ POD_FIELDS: dict[str, tuple[Path, list[Any]]] = {
         ["4", "0", "-1", "x", "100001", "999999999", "1000000000", "²", "4\n", 5, None, ""],
     ),
     "size-label": (("metadata", "labels", SIZE), ["2", "0", "x", "100001", 5]),
+    "kueue": (("metadata", "labels", KUEUE), ["ring", "kq", "", 5]),
+    "kueue-size": (
+        ("metadata", "annotations", "kueue.x-k8s.io/pod-group-total-count"),
+        ["2", "0", "x", "200000", None],
+    ),
     "annotations": (("metadata", "annotations"), [None, "x", {"a": 5}, [], {}]),
     "interval": (("metadata", "annotations", "gpu-autoscaler.io/checkpoint_interval"), SECONDS),
     "duration": (("metadata", "annotations", "gpu-autoscaler.io/checkpoint_duration"), SECONDS),
@@ -657,16 +670,17 @@ def _pending(obj: Any, namespaces: frozenset[str] | None) -> tuple[str, int, Obj
     return f"{namespace}/{name}", gpus, labels if isinstance(labels, dict) else {}
 
 
-def _gang(namespace: str, labels: Obj, annotations: Any, indexed: bool) -> str | bool | None:
-    """The pod's gang (``namespace/group``); None: none; True: not plainly known."""
-    for key in GROUP_LABELS:
+def _gang(namespace: str, labels: Obj, annotations: Any, rules: PodRules) -> str | bool | None:
+    """The pod's gang (``namespace/group``) by the labels the settings name; None: none; True:
+    not plainly known."""
+    for key in rules.group_labels:
         if key in labels:
             value = labels[key]
             if isinstance(value, str) and value:
                 return f"{namespace}/{value}"
             return True
     in_annotations = isinstance(annotations, dict) and JOB_INDEX in annotations
-    if indexed and (JOB_INDEX in labels or in_annotations):
+    if rules.indexed_jobs_as_gangs and (JOB_INDEX in labels or in_annotations):
         return True
     return None
 
@@ -878,7 +892,7 @@ class KubernetesBoundary:
                 continue
             pod_id, asked, labels = found
             namespace = pod_id.split("/", 1)[0]
-            gang = _gang(namespace, labels, obj["metadata"].get("annotations"), _indexed(rules))
+            gang = _gang(namespace, labels, obj["metadata"].get("annotations"), rules)
             if gang is True:
                 unsure += 1
                 continue
@@ -1009,10 +1023,6 @@ def _ids(pods: list[Any]) -> dict[str, int]:
     return counts
 
 
-def _indexed(rules: PodRules) -> bool:
-    return rules.indexed_jobs_as_gangs
-
-
 def _planned(obj: Obj, pod_id: str, groups: Sequence[Any], rules: PodRules) -> str | None:
     """A single pending pod's group keeps the documented rules: off spot without the
     toleration, high priority with a high class."""
@@ -1027,4 +1037,158 @@ def _planned(obj: Obj, pod_id: str, groups: Sequence[Any], rules: PodRules) -> s
     return None
 
 
-BOUNDARIES = [KubernetesBoundary()]
+# -- the same through the API: list pods and list nodes over real HTTP ---------------------------
+
+TOKEN_ENV = "GPU_AUTOSCALER_FUZZ_K8S_TOKEN"
+LISTS = {"pods": "/api/v1/pods", "nodes": "/api/v1/nodes"}
+STATUS_BODY = json.dumps(
+    {"kind": "Status", "status": "Failure", "message": "pods is forbidden:\nno", "code": 403}
+).encode()
+# fmt: off
+ANSWERS: list[tuple[int, bytes]] = [
+    (200, b""), (200, b"null"), (200, b"[]"), (200, b"{}"), (200, b"not json"),
+    (200, b'{"items": 5, "metadata": {}}'), (200, b'{"items": [], "metadata": 5}'),
+    (200, b'{"items": [], "metadata": {"resourceVersion": 5}}'),
+    (200, b'{"items": [], "metadata": {"resourceVersion": "' + b"9" * 70_000 + b'"}}'),
+    (200, b"[" * 100_000 + b"]" * 100_000),
+    (200, b'{"items": [' + b"[" * 3000 + b"]" * 3000 + b"]}"),
+    (200, b'{"items": [1e999], "metadata": {}}'), (200, b'{"items": [NaN], "metadata": {}}'),
+    (200, b"\xff\xfe{}"), (200, b'{"items": [], "metadata": {}}' + b" " * 4_000_000),
+    (500, b"oops"), (403, STATUS_BODY), (401, b""), (404, b"not found"), (429, b"{}"),
+    (200, b'{"items": [{"metadata": "x"}], "metadata": {}}'),
+]
+# fmt: on
+
+
+def _list_body(items: list[Any], rng: random.Random) -> bytes:
+    document: Obj = {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}}
+    document["items"] = items
+    if rng.random() < 0.05:
+        del document[rng.choice(["metadata", "items"])]
+    return json.dumps(document).encode()
+
+
+class KubernetesApiBoundary:
+    """``KubernetesSource.read`` and ``read_nodes`` against a real HTTP server answering the
+    fuzzed ``list pods`` and ``list nodes``: any answer ends in a reading that keeps the rules or
+    in the source's one-line ``SourceError`` naming the call."""
+
+    name = "Kubernetes list pods / list nodes over HTTP"
+
+    def __init__(self, avoid_known: bool = False) -> None:
+        self.avoid_known = avoid_known
+        self._objects = KubernetesBoundary()
+        self._server: AnswerServer | None = None
+        self._source: KubernetesSource | None = None
+        self._ticks = itertools.count(1)
+
+    def seeds(self) -> Sequence[tuple[int, bytes, int, bytes]]:
+        rng = random.Random(0)
+        return [
+            (200, _list_body(pods, rng), 200, _list_body(nodes, rng))
+            for _, pods, nodes in self._objects.seeds()[: len(SEEDS)]
+        ]
+
+    def generate(self, rng: random.Random) -> tuple[int, bytes, int, bytes]:
+        for _ in range(100):
+            data = self._generate(rng)
+            if not self.avoid_known or _known_in_bodies(data) is None:
+                return data
+        return self.seeds()[0]
+
+    def _generate(self, rng: random.Random) -> tuple[int, bytes, int, bytes]:
+        _, pods, nodes = self._objects._generate(rng)
+        answers = [(200, _list_body(pods, rng)), (200, _list_body(nodes, rng))]
+        for which in range(2):
+            roll = rng.random()
+            if roll < 0.15:
+                status, body = answers[which]
+                text = body.decode()
+                for _ in range(rng.randint(1, 3)):
+                    text = mutate_text(text, rng)
+                answers[which] = (status, text.encode("utf-8", "surrogatepass"))
+            elif roll < 0.3:
+                answers[which] = rng.choice(ANSWERS)
+        return answers[0][0], answers[0][1], answers[1][0], answers[1][1]
+
+    def _ready(self) -> tuple[AnswerServer, KubernetesSource]:
+        if self._server is None or self._source is None:
+            self._server = AnswerServer()
+            os.environ[TOKEN_ENV] = "fuzz-token"
+            settings = KubernetesSettings(
+                api_url=self._server.url(""), token_env=TOKEN_ENV, request_timeout_s=10.0
+            )
+            self._source = KubernetesSource(settings, "fuzz")
+        return self._server, self._source
+
+    def check(self, data: object) -> Outcome:
+        assert isinstance(data, tuple)
+        pods_status, pods_body, nodes_status, nodes_body = data
+        server, source = self._ready()
+        server.answer(LISTS["pods"], pods_body, pods_status)
+        server.answer(LISTS["nodes"], nodes_body, nodes_status)
+        now = NOW + next(self._ticks)  # a new tick: the pods are listed afresh
+        logging.disable(logging.WARNING)  # the source's warning lines: checked below instead
+        try:
+            return self._read(source, now)
+        finally:
+            logging.disable(logging.NOTSET)
+
+    def _read(self, source: KubernetesSource, now: float) -> Outcome:
+        refused: list[str] = []
+        try:
+            groups = source.read(now)
+        except SourceError as exc:
+            if broken := _one_line(str(exc), "the error") or _names_call(str(exc), "list pods"):
+                return Outcome.wrong(broken)
+            refused.append(str(exc))
+        else:
+            for group in groups:
+                if problem := _group_problem(group):
+                    return Outcome.wrong(f"read as demand: {problem}")
+        try:
+            reading = source.read_nodes(now)
+        except SourceError as exc:
+            said = str(exc)
+            if broken := _one_line(said, "the error") or (
+                _names_call(said, "list nodes") and _names_call(said, "list pods")
+            ):
+                return Outcome.wrong(broken)
+            refused.append(said)
+        else:
+            for onprem in reading.onprem:
+                if not 0 <= onprem.gpus_allocated <= onprem.gpus <= MAX_GPUS_PER_NODE:
+                    return Outcome.wrong(f"on-prem node {onprem.name[:40]!r}")
+            for key, usage in reading.cloud.items():
+                if usage.gpus_allocated < 0:
+                    return Outcome.wrong(f"cloud node {key[:40]!r}: {usage}")
+        for line in source.problems:
+            if broken := _one_line(line, "a problem line"):
+                return Outcome.wrong(broken)
+        return Outcome.rejected(refused[0]) if refused else Outcome.accepted()
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+        if self._server is not None:
+            self._server.close()
+
+
+def _names_call(message: str, call: str) -> str | None:
+    return None if f": {call}" in message else f"the error does not name {call}: {message[:200]}"
+
+
+def _known_in_bodies(data: tuple[int, bytes, int, bytes]) -> str | None:
+    lists: list[list[Any]] = []
+    for body in (data[1], data[3]):
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            lists.append([])
+            continue
+        items = document.get("items") if isinstance(document, dict) else None
+        lists.append(items if isinstance(items, list) else [])
+    return known_finding((0, lists[0], lists[1]))
+
+
+BOUNDARIES = [KubernetesBoundary(), KubernetesApiBoundary()]
