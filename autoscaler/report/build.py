@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from autoscaler.fleet.attribution import IDLE
 from autoscaler.report.model import (
     CheckpointComparison,
     CheckpointSide,
@@ -16,11 +17,13 @@ from autoscaler.report.model import (
     PoolRow,
     Report,
     Series,
+    TeamResult,
     WindowInfo,
 )
 from autoscaler.sim.engine import Prepared, SimResult, Timeline
 from autoscaler.sim.hostable import check_hostable
 from autoscaler.sim.lowerbound_result import LowerBoundResult
+from autoscaler.sim.scheduler import ONPREM_PLACE
 
 HOUR = 3600.0
 DEFAULT_POLICY = "cost-aware"
@@ -138,7 +141,36 @@ def policy_result(
         replay_wall_s=round(result.wall_s, 2),
         tick_ms=percentiles(result.tick_ms),
         timeline=_timeline(result, prepared),
+        teams=team_results(result, prepared),
     )
+
+
+def team_results(result: SimResult, prepared: Prepared) -> list[TeamResult]:
+    """Each team's waits, GPU-hours and cost, where the scenario names teams."""
+    scenario = prepared.loaded.scenario
+    if scenario.teams is None:
+        return []
+    config = scenario.controller.teams
+    waits: dict[str, list[float]] = {}
+    for team, wait in zip(result.wait_teams, result.waits_s, strict=True):
+        waits.setdefault(team, []).append(wait)
+    billed = result.team_bill
+    rows = []
+    for team in sorted(set(waits) | set(billed.teams), key=lambda t: (t == IDLE, t)):
+        onprem = billed.team_gpu_s(team, ONPREM_PLACE)
+        spec = config.teams.get(team) if config is not None else None
+        rows.append(
+            TeamResult(
+                team=team,
+                jobs=len(waits.get(team, [])),
+                wait_s=percentiles(waits[team]) if team in waits else None,
+                gpu_hours_onprem=round(onprem / HOUR, 2),
+                gpu_hours_cloud=round((billed.team_gpu_s(team) - onprem) / HOUR, 2),
+                cost_cents=billed.team_cents(team),
+                guaranteed_gpus=spec.guaranteed_gpus if spec is not None else None,
+            )
+        )
+    return rows
 
 
 def assumptions(prepared: Prepared) -> list[str]:

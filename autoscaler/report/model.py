@@ -67,6 +67,20 @@ class PolicyTimeline(Frozen):
     wait_p95_by_hour: Series
 
 
+class TeamResult(Frozen):
+    """One team's part of a replay: its jobs' waits, the GPU-hours they held and the share of
+    the cloud bill that was theirs (``autoscaler.fleet.attribution``); ``(idle)`` is the paid
+    time no job held."""
+
+    team: str
+    jobs: int
+    wait_s: Percentiles | None
+    gpu_hours_onprem: float
+    gpu_hours_cloud: float
+    cost_cents: int
+    guaranteed_gpus: int | None = None
+
+
 class PolicyResult(Frozen):
     policy: str
     label: str
@@ -94,6 +108,8 @@ class PolicyResult(Frozen):
     replay_wall_s: float | None
     tick_ms: Percentiles
     timeline: PolicyTimeline
+    # by team where the scenario names teams (empty otherwise); the costs add up to ``cost``
+    teams: list[TeamResult] = Field(default_factory=list)
 
 
 class PoolRow(Frozen):

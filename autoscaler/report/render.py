@@ -466,6 +466,65 @@ def gpu_hours_table(report: Report) -> Table:
     return _table(headers, rows)
 
 
+def team_table(policy: PolicyResult) -> Table:
+    """One row a team, idle last, and the total: the teams' costs add up to it to the cent."""
+    rows = []
+    for t in policy.teams:
+        rows.append(
+            [
+                t.team,
+                num(t.jobs, 0) if t.jobs else DASH,
+                _wait(t.wait_s, lambda w: w.p50),
+                _wait(t.wait_s, lambda w: w.p95),
+                num(t.gpu_hours_onprem, 1),
+                num(t.gpu_hours_cloud, 1),
+                usd(t.cost_cents / 100),
+                pct(t.cost_cents / 100 / policy.cost) if policy.cost else DASH,
+                DASH if t.guaranteed_gpus is None else num(t.guaranteed_gpus, 0),
+            ]
+        )
+    total = sum(t.cost_cents for t in policy.teams)
+    rows.append(
+        [
+            "all",
+            num(sum(t.jobs for t in policy.teams), 0),
+            _wait(policy.wait_s, lambda w: w.p50),
+            _wait(policy.wait_s, lambda w: w.p95),
+            num(sum(t.gpu_hours_onprem for t in policy.teams), 1),
+            num(sum(t.gpu_hours_cloud for t in policy.teams), 1),
+            usd(total / 100),
+            DASH,
+            DASH,
+        ]
+    )
+    headers = [
+        "Team",
+        "Jobs",
+        "Wait p50",
+        "Wait p95",
+        "On-prem GPU-h",
+        "Cloud GPU-h",
+        "Cost",
+        "Share",
+        "Guaranteed GPUs",
+    ]
+    return _table(headers, rows)
+
+
+def _team_blocks(report: Report) -> tuple[Block, ...]:
+    blocks: list[Block] = [
+        Para(
+            "Each pool's bill is split between the teams whose jobs held its GPUs, by "
+            "GPU-seconds, in whole cents (largest remainder); (idle) is paid time no job held. "
+            "The rows add up to the policy's cost."
+        )
+    ]
+    for policy in report.policies:
+        blocks.append(Sub(f"{policy.label} ({policy.policy}: {_params(policy.params)})"))
+        blocks.append(team_table(policy))
+    return tuple(blocks)
+
+
 def activity_table(report: Report) -> Table:
     headers = [
         "Policy",
@@ -556,7 +615,11 @@ def _lead_sections(report: Report) -> list[Section]:
 
 
 def _detail_sections(report: Report) -> list[Section]:
+    teams = (
+        [Section("Teams", _team_blocks(report))] if any(p.teams for p in report.policies) else []
+    )
     return [
+        *teams,
         Section("Cost by pool", _cost_by_pool_blocks(report)),
         Section("GPU-hours", (gpu_hours_table(report),)),
         Section("Controller activity", (activity_table(report),)),

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoscaler.app.assembly import Mode, Parts, build_controller
+from autoscaler.fleet.attribution import TeamBill, bill
 from autoscaler.model import Capacity
 from autoscaler.model.catalog import SpotAdvisor
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.errors import InputError
 from autoscaler.model.gpus import memory_gib
 from autoscaler.model.records import TickReport
+from autoscaler.model.teams import UNASSIGNED
 from autoscaler.ops.journal import Journal
 from autoscaler.ops.metrics import Metrics
 from autoscaler.sim.cloud import PoolMarketModel, SimCloud
@@ -127,6 +129,10 @@ class SimResult:
     wall_s: float
     timeline: Timeline
     onprem_idle_gpu_s: float = 0.0
+    # each counted job's team, beside ``waits_s`` ("unassigned" for none)
+    wait_teams: list[str] = field(default_factory=list)
+    # the pools' bills split by team (and idle), GPU-seconds by team and place
+    team_bill: TeamBill = field(default_factory=TeamBill)
 
 
 def prepare(loaded: LoadedScenario) -> Prepared:
@@ -147,6 +153,7 @@ def prepare(loaded: LoadedScenario) -> Prepared:
         scenario.high_priority,
         scenario.seed,
         largest_node(scenario),
+        scenario.teams,
     )
     return Prepared(loaded, selection, build_markets(loaded))
 
@@ -423,6 +430,12 @@ def simulate(
         wall_s=time.perf_counter() - started_wall,
         timeline=timeline,
         onprem_idle_gpu_s=accounting.onprem_idle_gpu_s,
+        wait_teams=[job.trace.team or UNASSIGNED for job in counted],
+        team_bill=bill(
+            {name: m.cost for name, m in cloud.meters.items()},
+            {name: m.gpu_s for name, m in cloud.meters.items()},
+            accounting.team_gpu_s,
+        ),
     )
 
 

@@ -117,6 +117,37 @@ class CheckpointRule(Frozen):
         )
 
 
+class TeamRule(Frozen):
+    """Trace jobs matching ``match`` are ``team``'s (the first rule that matches decides)."""
+
+    team: Name
+    match: JobMatch = JobMatch()
+
+
+class TeamAssignment(Frozen):
+    """Which team each trace job is: the trace's ``user_group`` column as the team's name
+    (``from_user_group``), else the first of ``rules`` that matches, else no team (counted
+    under ``unassigned``)."""
+
+    from_user_group: bool = False
+    rules: tuple[TeamRule, ...] = Field((), max_length=256)
+
+    def team_of(
+        self,
+        priority_class: str,
+        preemptible: bool,
+        gpus: int,
+        user_group: str,
+        gpu_fraction: float = 1.0,
+    ) -> str | None:
+        if self.from_user_group and user_group:
+            return user_group[:253]
+        for rule in self.rules:
+            if rule.match.matches(priority_class, preemptible, gpus, user_group, gpu_fraction):
+                return rule.team
+        return None
+
+
 class TraceSpec(Frozen):
     """Where the jobs come from (a trace ``file``, a ``synthetic`` trace generated from a
     seed, see autoscaler/sim/synthetic.py, or a demand ``series`` whose jobs are inferred, see
@@ -220,6 +251,7 @@ class Scenario(Frozen):
     checkpointing: tuple[CheckpointRule, ...] = ()
     high_priority: JobMatch | None = None
     onprem: tuple[OnPremNodeSpec, ...] = ()
+    teams: TeamAssignment | None = None
     notice_lead_s: dict[str, Annotated[float, Field(ge=0, le=DAY)]] = Field(
         default_factory=lambda: {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
     )

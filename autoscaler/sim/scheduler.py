@@ -34,6 +34,7 @@ from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import SourceError
+from autoscaler.model.teams import UNASSIGNED
 from autoscaler.sim.trace import TraceJob
 from autoscaler.spi.sources import NAMED_PENDING, HeldOff, NodeReading, NodeUsage, RunningJob
 
@@ -119,6 +120,14 @@ class Accounting:
     requeues: int = 0
     migrations: int = 0
     onprem_idle_gpu_s: float = 0.0
+    # The allocated GPU-seconds again, by (team, where): a pool's name, or "on-prem". Work with
+    # no team is "unassigned"'s; summed, they are ``allocated_gpu_s``.
+    team_gpu_s: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def allocate(self, job: SimJob, node: SimNode, gpu_s: float) -> None:
+        self.allocated_gpu_s[node.kind] += gpu_s
+        key = (job.trace.team or UNASSIGNED, node.pool or ONPREM_PLACE)
+        self.team_gpu_s[key] = self.team_gpu_s.get(key, 0.0) + gpu_s
 
 
 MOVE_HOLD_S = 1800.0
@@ -141,7 +150,8 @@ class _Hold:
 
 
 # gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory
-BucketKey = tuple[int, float | None, bool, int, tuple[str, ...], float | None]
+ONPREM_PLACE = "on-prem"  # where on-prem GPU-seconds are counted, beside the pools' names
+BucketKey = tuple[int, float | None, bool, int, tuple[str, ...], float | None, str | None]
 CheckpointAsked = Callable[[SimJob, int, float, float], None]
 
 
@@ -248,7 +258,7 @@ class SimScheduler:
             return
         node = job.node
         elapsed = now - job.run_start
-        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        self.accounting.allocate(job, node, job.gpus * elapsed)
         remaining = job.trace.duration - job.progress
         self.accounting.useful_gpu_s += job.gpus * remaining
         self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - remaining)
@@ -318,7 +328,7 @@ class SimScheduler:
             return
         job.progress += self._account_run(job, node, asked_at)
         writing = now - asked_at
-        self.accounting.allocated_gpu_s[node.kind] += job.gpus * writing
+        self.accounting.allocate(job, node, job.gpus * writing)
         self.accounting.checkpoint_gpu_s += job.gpus * writing
         self.accounting.checkpoints += 1
         members = list(job.members)
@@ -367,7 +377,7 @@ class SimScheduler:
         if self._demand_cache is None:
             groups = []
             for key, heap in sorted(self._buckets.items(), key=_bucket_order):
-                gpus, interval, high, nodes, models, memory = key
+                gpus, interval, high, nodes, models, memory, team = key
                 if heap:
                     groups.append(
                         DemandGroup.model_construct(
@@ -383,6 +393,7 @@ class SimScheduler:
                             oldest_jobs=tuple(
                                 str(seq) for seq, _ in heapq.nsmallest(NAMED_PENDING, heap)
                             ),
+                            team=team,
                         )
                     )
             self._demand_cache = tuple(groups)
@@ -613,7 +624,7 @@ class SimScheduler:
             work = done * interval + min(interval, elapsed - done * cycle)
             self.accounting.checkpoints += done
         work = min(work, job.trace.duration - job.progress)
-        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        self.accounting.allocate(job, node, job.gpus * elapsed)
         self.accounting.useful_gpu_s += job.gpus * work
         self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
         return work
@@ -633,7 +644,7 @@ class SimScheduler:
             lost = elapsed - done * cycle
             self.accounting.checkpoints += done
             self.accounting.checkpoint_gpu_s += job.gpus * done * job.trace.checkpoint_duration_s
-        self.accounting.allocated_gpu_s[node.kind] += job.gpus * elapsed
+        self.accounting.allocate(job, node, job.gpus * elapsed)
         self.accounting.useful_gpu_s += job.gpus * saved
         self.accounting.lost_gpu_s += job.gpus * lost
         job.lost_gpu_s += job.gpus * lost
@@ -658,6 +669,7 @@ class SimScheduler:
             trace.nodes,
             trace.gpu_models,
             trace.min_gpu_memory_gib,
+            trace.team,
         )
         heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
         self._demand_cache = None
@@ -700,6 +712,7 @@ class SimScheduler:
 
 def _bucket_order(
     item: tuple[BucketKey, object],
-) -> tuple[int, float, bool, int, tuple[str, ...], float]:
-    (gpus, interval, high, nodes, models, memory), _ = item
-    return (gpus, -1.0 if interval is None else interval, high, nodes, models, memory or 0.0)
+) -> tuple[int, float, bool, int, tuple[str, ...], float, str]:
+    (gpus, interval, high, nodes, models, memory, team), _ = item
+    order = (gpus, -1.0 if interval is None else interval, high, nodes, models, memory or 0.0)
+    return (*order, team or "")

@@ -16,7 +16,14 @@ from pathlib import Path
 from autoscaler.model import NodeShape
 from autoscaler.model.csvfile import Row, read_rows
 from autoscaler.model.errors import InputError
-from autoscaler.sim.scenario import DAY, MAX_WINDOW_S, CheckpointRule, JobMatch, TraceSpec
+from autoscaler.sim.scenario import (
+    DAY,
+    MAX_WINDOW_S,
+    CheckpointRule,
+    JobMatch,
+    TeamAssignment,
+    TraceSpec,
+)
 
 TRACE_COLUMNS = ("job_id", "submit_time_s", "start_time_s", "duration_s", "num_gpus")
 # A replay covers at most MAX_WINDOW_S (a year and a day), and one job asks for at most this many
@@ -45,6 +52,7 @@ class TraceJob:
     nodes: int = 1
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
+    team: str | None = None
     shape: NodeShape = field(init=False)
 
     def __post_init__(self) -> None:
@@ -154,6 +162,7 @@ def load_trace(
     high_priority: JobMatch | None,
     seed: int,
     largest_node: int | None = None,
+    teams: TeamAssignment | None = None,
 ) -> TraceSelection:
     """Read the jobs of ``spec``'s window. ``largest_node`` is the most GPUs any one node of the
     scenario has (on-prem or a pool's instance): a job the trace records as larger, with no
@@ -263,6 +272,15 @@ def load_trace(
                 raw.nodes,
                 raw.gpu_models,
                 raw.min_gpu_memory_gib,
+                None
+                if teams is None
+                else teams.team_of(
+                    raw.priority_class,
+                    raw.preemptible,
+                    raw.gpus,
+                    raw.user_group,
+                    raw.utilisation,
+                ),
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.id))

@@ -1,0 +1,111 @@
+"""Who pays for what: each pool's bill split between the teams whose jobs held its GPUs, idle
+time its own line, in whole cents that add up to the bill exactly; and a replay of jobs of
+several teams, whose report gives each team its waits, GPU-hours and share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_sim_engine import job_row, small_scenario
+
+from autoscaler.fleet.attribution import IDLE, apportion, bill, cents
+from autoscaler.report.build import build_report
+from autoscaler.report.render import render_markdown
+from autoscaler.sim.engine import prepare, simulate
+from autoscaler.sim.scenario import load_scenario
+from autoscaler.sim.scheduler import ONPREM_PLACE
+
+TEAMS = ["a", "b", "c", "unassigned"]
+POOLS = ["spot-1", "spot-2", "od"]
+
+
+@given(
+    st.integers(0, 10**9),
+    st.dictionaries(st.sampled_from([*TEAMS, IDLE]), st.floats(0, 1e9), max_size=5),
+)
+def test_apportion_gives_every_cent_and_follows_the_weights(
+    total: int, weights: dict[str, float]
+) -> None:
+    shares = apportion(total, weights)
+    assert sum(shares.values()) == total
+    assert all(v >= 0 for v in shares.values())
+    whole = sum(w for w in weights.values() if w > 0)
+    for key, weight in weights.items():
+        if whole > 0:  # within one cent of the exact share
+            assert abs(shares[key] - total * weight / whole) < 1 + 1e-6 * total
+
+
+held_strategy = st.dictionaries(
+    st.tuples(st.sampled_from(TEAMS), st.sampled_from([*POOLS, ONPREM_PLACE])),
+    st.floats(0, 1e7),
+    max_size=12,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(POOLS), st.floats(0, 1e6), min_size=1),
+    st.dictionaries(st.sampled_from(POOLS), st.floats(0, 2e7)),
+    held_strategy,
+)
+def test_the_teams_lines_add_up_to_every_pools_bill_to_the_cent(
+    cost: dict[str, float], paid: dict[str, float], held: dict[tuple[str, str], float]
+) -> None:
+    billed = bill(cost, paid, held)
+    for pool, dollars in cost.items():
+        split = sum(billed.cents.get(team, {}).get(pool, 0) for team in billed.teams)
+        assert split == cents(dollars)
+    assert sum(billed.team_cents(team) for team in billed.teams) == sum(
+        cents(c) for c in cost.values()
+    )
+    for team in {t for t, _ in held}:
+        assert billed.team_gpu_s(team) == sum(v for (t, _), v in held.items() if t == team)
+    for pool, paid_s in paid.items():
+        used = sum(v for (_, p), v in held.items() if p == pool)
+        assert billed.team_gpu_s(IDLE, pool) == max(0.0, paid_s - used)
+
+
+def test_a_team_that_held_no_cloud_gpu_pays_nothing_and_idle_pays_the_rest() -> None:
+    billed = bill(
+        {"spot-1": 10.0},
+        {"spot-1": 4 * 3600.0},
+        {("a", "spot-1"): 3600.0, ("b", ONPREM_PLACE): 7200.0},
+    )
+    assert billed.cents == {"a": {"spot-1": 250}, IDLE: {"spot-1": 750}}
+    assert billed.team_gpu_s("b", ONPREM_PLACE) == 7200.0 and billed.team_cents("b") == 0
+    assert billed.teams == ["a", "b", IDLE]
+
+
+TEAM_RULES = """
+teams:
+  rules:
+    - {team: serving, match: {priority_class: [LS]}}
+    - {team: research, match: {priority_class: [BE]}}
+"""
+
+
+def test_a_replay_of_two_teams_bills_each_and_the_report_adds_up(tmp_path: Path) -> None:
+    jobs = [job_row(f"be{i}", 60 * i, 3600, preemptible=1) for i in range(4)]
+    jobs += [job_row(f"ls{i}", 30 + 60 * i, 1800, preemptible=0) for i in range(3)]
+    path = small_scenario(tmp_path, jobs=jobs, extra=TEAM_RULES)
+    loaded = load_scenario(path)
+    prepared = prepare(loaded)
+    assert {j.team for j in prepared.selection.jobs} == {"serving", "research"}
+    results = [simulate(prepared, spec) for spec in loaded.scenario.policies]
+    for result in results:
+        assert sorted(result.wait_teams) == ["research"] * 4 + ["serving"] * 3
+        billed = result.team_bill
+        assert sum(billed.team_cents(t) for t in billed.teams) == sum(
+            cents(c) for c in result.cost_by_pool.values()
+        )
+        held = sum(billed.team_gpu_s(t) for t in billed.teams if t != IDLE)
+        assert abs(held - sum(result.allocated_gpu_s.values())) < 1e-6
+    report = build_report(prepared, results, [], None)
+    for policy in report.policies:
+        rows = {t.team: t for t in policy.teams}
+        assert set(rows) <= {"serving", "research", IDLE}
+        assert rows["research"].jobs == 4 and rows["serving"].jobs == 3
+        assert rows["research"].wait_s is not None
+    text = render_markdown(report)
+    assert "## Teams" in text and "| research |" in text and "| all |" in text
