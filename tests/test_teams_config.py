@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fakes import job, pool, rig
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autoscaler.model import Job
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.teams import UNASSIGNED, TeamBook, TeamsConfig, TeamSpec, overcommitted
+from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.sources import aggregate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +122,7 @@ job_strategy = st.builds(
 @given(st.lists(job_strategy, max_size=60))
 def test_demand_folds_per_team_and_loses_no_job(jobs: list[Job]) -> None:
     groups = aggregate(jobs)
-    for team in {job.team for job in jobs}:
+    for team in {j.team for j in jobs}:
         mine = [g for g in groups if g.team == team]
         assert sum(g.jobs for g in mine) == sum(1 for j in jobs if j.team == team)
         assert sum(g.gpus for g in mine) == sum(j.gpus for j in jobs if j.team == team)
@@ -132,3 +134,22 @@ def test_a_config_without_teams_is_one_fleet_as_before() -> None:
     config = ControllerConfig.model_validate({"fleet_id": "f"})
     assert config.teams is None
     assert TeamBook(config.teams).spec("anyone") == TeamSpec()
+
+
+def test_pending_gpus_are_on_metrics_by_team() -> None:
+    metrics = Metrics()
+    t = rig([pool("a")], {"a": 1.0}, metrics=metrics)
+    t.queue.jobs = [
+        job("r1", 2).model_copy(update={"team": "research"}),
+        job("r2", 4).model_copy(update={"team": "research"}),
+        job("s1", 1).model_copy(update={"team": "serving"}),
+        job("n1", 8),
+    ]
+    t.controller.tick()
+    value = metrics.registry.get_sample_value
+    assert value("gpu_autoscaler_team_pending_gpus", {"team": "research"}) == 6
+    assert value("gpu_autoscaler_team_pending_gpus", {"team": "serving"}) == 1
+    assert value("gpu_autoscaler_team_pending_gpus", {"team": UNASSIGNED}) == 8
+    t.queue.jobs = []
+    t.controller.tick()
+    assert value("gpu_autoscaler_team_pending_gpus", {"team": "research"}) is None

@@ -50,6 +50,12 @@ class Metrics:
         self.pending_gpus = Gauge(
             "gpu_autoscaler_pending_gpus", "GPUs pending jobs ask for", registry=r
         )
+        self.team_pending_gpus = Gauge(
+            "gpu_autoscaler_team_pending_gpus",
+            "GPUs pending jobs ask for, by the team the scheduler names them (unassigned: none)",
+            ["team"],
+            registry=r,
+        )
         self.unhostable_jobs = Gauge(
             "gpu_autoscaler_unhostable_jobs",
             "pending jobs no configured pool or on-prem node can ever host, by what they ask for",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from autoscaler.model import LIVE_STATES, InstanceState, Pool
+from autoscaler.model.teams import UNASSIGNED
 from autoscaler.ops.metrics import Metrics
 from autoscaler.ops.onprem_idle import (
     idle_allocated_gpus,
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
 def tick_outcome(held: str | None, errors: Sequence[str]) -> str:
     return "held" if held else ("degraded" if errors else "ok")
+
+
+# A scheduler may name any number of teams; a series each past this would swamp Prometheus.
+MAX_TEAM_SERIES = 500
 
 
 class TickMetrics:
@@ -58,6 +63,13 @@ class TickMetrics:
         demand = view.demand
         metrics.demand_known.set(1 if demand.known else 0)
         metrics.pending_gpus.set(sum(g.gpus_per_job * g.jobs for g in demand.groups))
+        by_team: dict[str, int] = {}
+        for group in demand.groups:
+            team = group.team or UNASSIGNED
+            by_team[team] = by_team.get(team, 0) + group.gpus_per_job * group.jobs
+        metrics.team_pending_gpus.clear()
+        for team, gpus in sorted(by_team.items())[:MAX_TEAM_SERIES]:
+            metrics.team_pending_gpus.labels(team).set(gpus)
         metrics.unhostable_jobs.clear()
         for item in report.unhostable:
             metrics.unhostable_jobs.labels(item.label).set(item.jobs)
