@@ -282,9 +282,11 @@ def test_demand_totals_equal_the_gpus_of_pending_gpu_pods(
     assert sum(g.gpus for g in groups) == expected_gpus
     assert sum(g.jobs for g in groups) == expected_pods
     keys = [
-        (g.gpus_per_job, g.checkpoint_interval_s, g.high_priority, g.gpu_models) for g in groups
+        (g.gpus_per_job, g.checkpoint_interval_s, g.high_priority, g.gpu_models, g.team)
+        for g in groups
     ]
-    assert len(keys) == len(set(keys)), "one group per shape"
+    assert len(keys) == len(set(keys)), "one group per shape and team (the namespace)"
+    assert {g.team for g in groups} <= {"default", "ml"}
     for group in groups:
         assert group.spot_safe == (
             group.checkpoint_interval_s is not None and not group.high_priority
