@@ -5,13 +5,19 @@ with the requirement that fails named."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from k8s_cluster import node, pod, tried
 
 from autoscaler.model import Market, Pool
+from autoscaler.sources.kubernetes.demand import pending_demand
 from autoscaler.sources.kubernetes.fit import NodeNeeds, PoolLabels, Requirement, unmet
+from autoscaler.sources.kubernetes.nodes import Nodes
+from autoscaler.sources.kubernetes.pods import PodRules
+from autoscaler.sources.kubernetes.settings import KubernetesSettings
 from autoscaler.sources.kubernetes_join import node_labels
 
 EXTRA = {"example.com/rack": "gpu-hall"}
@@ -176,3 +182,81 @@ def test_a_pod_a_node_of_ours_would_take_is_never_judged_unmet(
     }
     if matches(labels, needs):
         assert unmet(needs, [ours(pool)]) is None, labels
+
+
+# -- what the fuzz target found (tests/fuzz/boundary_kubernetes.py), each now read ---------------
+
+
+def _pending(name: str = "a", **spec: Any) -> dict[str, Any]:
+    made = tried(pod(name, "ml", gpus=1))
+    made["spec"].update(spec)
+    return made
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "nvidia.com/gpu.memory",
+                                        "operator": "Gt",
+                                        "values": [digits],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        }
+        for digits in ("²", "9" * 400, "9" * 5000)
+    ]
+    + [
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "gpu-autoscaler.io/pool",
+                                        "operator": "Lt",
+                                        "values": ["²"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+        {"nodeSelector": {"nvidia.com/gpu.memory": "²"}},
+        {"priorityClassName": ["urgent"]},
+    ],
+)
+def test_what_the_fuzzer_found_in_a_pod_is_read_or_named_never_a_traceback(
+    spec: dict[str, Any],
+) -> None:
+    rules = PodRules.of(KubernetesSettings(api_url="https://k8s.example"))
+    reading = pending_demand(
+        [_pending(**spec)], rules, lambda p: unmet(p.needs, [ours(SPOT)]), now=1.0
+    )
+    assert sum(g.jobs for g in reading.groups) == 1, "still counted, never zero"
+
+
+def test_a_node_whose_metadata_is_no_object_and_names_with_line_breaks_stay_one_line() -> None:
+    rules = PodRules.of(KubernetesSettings(api_url="https://k8s.example"))
+    nodes = Nodes.read([{"metadata": "x"}, node("ok", 8)], rules)
+    assert list(nodes.by_name) == ["ok"] and len(nodes.bad) == 1
+    named = _pending("a\nb" + "c" * 70_000, nodeSelector={"team": "ml"})
+    reading = pending_demand([named], rules, lambda p: unmet(p.needs, [ours(SPOT)]), now=1.0)
+    lines = [line for found in reading.problems.values() for line in found]
+    assert len(lines) == 1 and sum(g.jobs for g in reading.groups) == 1
+    assert "\n" not in lines[0] and len(lines[0]) <= 500

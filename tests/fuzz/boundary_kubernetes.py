@@ -759,71 +759,8 @@ def _instance(name: str, provider: str | None) -> str:
 # -- the boundary --------------------------------------------------------------------------------
 
 
-# -- what this boundary found, reported and not yet fixed ------------------------------------------
-#
-# ``known_finding`` names an input that meets one of them; ``KubernetesBoundary(avoid_known=True)``
-# (the CI test) generates around those inputs so that CI guards everything else, while
-# ``bench/fuzz_table.py`` (``BOUNDARIES``) still counts them. Remove each predicate once its
-# finding is fixed.
-
-
-def _bad_integer(text: Any) -> bool:
-    """Digits ``int`` cannot read (``²``), or so many that a GiB count overflows a float."""
-    if not isinstance(text, str) or not text.lstrip("-").isdigit():
-        return False
-    try:
-        return len(text) > 300 or int(text) < 0
-    except ValueError:
-        return True
-
-
-def _broken_name(text: Any, longest: int) -> bool:
-    return isinstance(text, str) and (len(text) > longest or "\n" in text or "\r" in text)
-
-
-def known_finding(data: tuple[int, list[Any], list[Any]]) -> str | None:
-    """Which reported finding ``data`` meets, or None."""
-    _, pods, nodes = data
-    for obj in nodes:
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        if meta and not isinstance(meta, dict):
-            return "a node's metadata that is not an object: AttributeError in Nodes.read"
-    stack: list[Any] = [*pods, *nodes]
-    while stack:
-        here = stack.pop()
-        if isinstance(here, list) and here is not DEEP:
-            stack.extend(here)
-        if not isinstance(here, dict):
-            continue
-        stack.extend(here.values())
-        if _bad_integer(here.get("nvidia.com/gpu.memory")):
-            return "nvidia.com/gpu.memory digits int() cannot read: gpu_memory_gib raises"
-        values = here.get("values")
-        if isinstance(values, list) and any(_bad_integer(v) for v in values):
-            return "a Gt/Lt value int() cannot read: wanted_gpus or PoolLabels.admits raises"
-        if isinstance(here.get("priorityClassName"), list | dict):
-            return "spec.priorityClassName unhashable: TypeError in _high"
-        meta = here.get("metadata")
-        if isinstance(meta, dict) and (
-            _broken_name(meta.get("name"), 253) or _broken_name(meta.get("namespace"), 63)
-        ):
-            return "a name with a line break or over 253 characters: problem lines break"
-        labels = meta.get("labels") if isinstance(meta, dict) else None
-        if isinstance(labels, dict) and any(_broken_name(v, 253) for v in labels.values()):
-            return "a pod group name with a line break: problem lines break"
-        selector = here.get("nodeSelector")
-        if isinstance(selector, dict) and any(_broken_name(k, 317) for k in selector):
-            return "a node selector key over 317 characters: unmet-node-selector lines break"
-        if _broken_name(here.get("key"), 317):
-            return "an affinity key over 317 characters: unmet-node-selector lines break"
-    return None
-
-
 class KubernetesBoundary:
     name = "Kubernetes pods and nodes (the API server's JSON)"
-
-    def __init__(self, avoid_known: bool = False) -> None:
-        self.avoid_known = avoid_known
 
     def seeds(self) -> Sequence[tuple[int, list[Obj], list[Obj]]]:
         return [
@@ -833,11 +770,7 @@ class KubernetesBoundary:
         ]
 
     def generate(self, rng: random.Random) -> tuple[int, list[Any], list[Any]]:
-        for _ in range(100):
-            data = self._generate(rng)
-            if not self.avoid_known or known_finding(data) is None:
-                return data
-        return self.seeds()[0]
+        return self._generate(rng)
 
     def _generate(self, rng: random.Random) -> tuple[int, list[Any], list[Any]]:
         variant = rng.randrange(len(VARIANTS))
@@ -1075,8 +1008,7 @@ class KubernetesApiBoundary:
 
     name = "Kubernetes list pods / list nodes over HTTP"
 
-    def __init__(self, avoid_known: bool = False) -> None:
-        self.avoid_known = avoid_known
+    def __init__(self) -> None:
         self._objects = KubernetesBoundary()
         self._server: AnswerServer | None = None
         self._source: KubernetesSource | None = None
@@ -1090,11 +1022,7 @@ class KubernetesApiBoundary:
         ]
 
     def generate(self, rng: random.Random) -> tuple[int, bytes, int, bytes]:
-        for _ in range(100):
-            data = self._generate(rng)
-            if not self.avoid_known or _known_in_bodies(data) is None:
-                return data
-        return self.seeds()[0]
+        return self._generate(rng)
 
     def _generate(self, rng: random.Random) -> tuple[int, bytes, int, bytes]:
         _, pods, nodes = self._objects._generate(rng)
@@ -1176,19 +1104,6 @@ class KubernetesApiBoundary:
 
 def _names_call(message: str, call: str) -> str | None:
     return None if f": {call}" in message else f"the error does not name {call}: {message[:200]}"
-
-
-def _known_in_bodies(data: tuple[int, bytes, int, bytes]) -> str | None:
-    lists: list[list[Any]] = []
-    for body in (data[1], data[3]):
-        try:
-            document = json.loads(body)
-        except (ValueError, RecursionError):
-            lists.append([])
-            continue
-        items = document.get("items") if isinstance(document, dict) else None
-        lists.append(items if isinstance(items, list) else [])
-    return known_finding((0, lists[0], lists[1]))
 
 
 BOUNDARIES = [KubernetesBoundary(), KubernetesApiBoundary()]

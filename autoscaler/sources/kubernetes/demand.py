@@ -42,6 +42,7 @@ from autoscaler.sources.kubernetes.pods import (
     PodRules,
     Times,
     ident,
+    one_line,
     read_pod,
     requested,
     unschedulable_status,
@@ -50,6 +51,7 @@ from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, groups_from_counts
 
 UNREADABLE_MODEL = "an unreadable pod"
+MODEL_SHOWN = 200  # the unmet requirement as a shape's model: a metric label, kept short
 
 # what can be wrong with a pending pod, as the metric's ``problem`` label says it
 UNREADABLE = "unreadable"
@@ -71,7 +73,7 @@ class Reading:
     pending: int = 0
 
     def said(self, kind: str, line: str) -> None:
-        self.problems[kind].append(line)
+        self.problems[kind].append(one_line(line))
 
 
 @dataclass
@@ -184,7 +186,7 @@ def pending_demand(
             reading.said(UNKNOWN_RESOURCE, f"pod {pod.id} asks for {pod.other_resource}")
         elif unmet is not None and (why := unmet(pod)) is not None:
             reading.said(UNMET_SELECTOR, f"pod {pod.id} needs {why}, which no pool's nodes carry")
-            pod = replace(pod, gpu_models=(why,))
+            pod = replace(pod, gpu_models=(one_line(why, MODEL_SHOWN),))
         if gpus > MAX_GPUS_PER_NODE:
             reading.said(TOO_LARGE, f"pod {pod.id}: asks {gpus:,} GPUs of one node")
             continue

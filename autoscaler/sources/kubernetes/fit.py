@@ -18,12 +18,15 @@ may carry any label: while one such pool joins the cluster, no pod is judged unm
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autoscaler.model import Pool
 
 Requirement = tuple[str, str, tuple[str, ...]]  # label key, operator, values
+_INTEGER = re.compile(r"-?[0-9]{1,18}\Z")
+KEY_SHOWN = 120  # a label key is at most 317 characters (a 253 prefix, '/', a 63 name)
 
 # Set on nodes by others than the join (kubelet, GPU and node feature discovery, the clouds'
 # controllers and managed pools): any value may be there.
@@ -139,11 +142,13 @@ class PoolLabels:
 
 
 def _integer(text: str) -> bool:
-    return text.lstrip("-").isdigit() and len(text) <= 19
+    """What the scheduler reads as a Gt/Lt bound: ASCII digits, a sign at most."""
+    return _INTEGER.match(text) is not None
 
 
 def describe(requirement: Requirement) -> str:
     key, operator, values = requirement
+    key = key[:KEY_SHOWN] + ("…" if len(key) > KEY_SHOWN else "")
     shown = ",".join(v[:63] for v in values[:4]) + (",…" if len(values) > 4 else "")
     if operator == "In" and len(values) == 1:
         return f"{key}={shown}"

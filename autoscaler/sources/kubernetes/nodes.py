@@ -33,6 +33,7 @@ from autoscaler.sources.kubernetes.pods import (
     as_strings,
     gpu_memory_gib,
     ident,
+    one_line,
     read_pod,
     requested,
     shown,
@@ -172,12 +173,12 @@ class Nodes:
             try:
                 found = read_node(obj, rules)
             except BadNodeError as exc:
-                labels = (
-                    (obj.get("metadata") or {}).get("labels") if isinstance(obj, dict) else None
-                )
+                meta = obj.get("metadata") if isinstance(obj, dict) else None
+                labels = meta.get("labels") if isinstance(meta, dict) else None
+                line = one_line(f"node {node_name(obj)}: {exc}")
                 if isinstance(labels, dict) and labels.get(MANAGED_LABEL) == "true":
-                    raise BadNodeError(f"node {node_name(obj)}: {exc}") from None
-                nodes.bad.append(f"node {node_name(obj)}: {exc}")
+                    raise BadNodeError(line) from None
+                nodes.bad.append(line)
                 continue
             nodes.by_name[found.name] = found
         return nodes
@@ -214,7 +215,7 @@ class Allocation:
             try:
                 gpus = requested(spec, rules)[0]
             except BadPodError as exc:
-                found.unreadable.setdefault(node, f"pod {ident(obj)}: {exc}")
+                found.unreadable.setdefault(node, one_line(f"pod {ident(obj)}: {exc}"))
                 continue
             if gpus:
                 found.gpus[node] = found.gpus.get(node, 0) + gpus
@@ -273,7 +274,7 @@ def running_jobs(
         try:
             pod = read_pod(obj, rules, times)
         except BadPodError as exc:
-            bad.append(f"pod {ident(obj)}: {exc}")
+            bad.append(one_line(f"pod {ident(obj)}: {exc}"))
             continue
         if pod.gpus and not pod.finished and not pod.daemon:
             found.append(pod)
@@ -314,7 +315,7 @@ def workload(pods: Sequence[Any], rules: PodRules) -> tuple[list[Pod], list[str]
         try:
             pod = read_pod(obj, rules, times)
         except BadPodError as exc:
-            bad.append(f"pod {ident(obj)}: {exc}")
+            bad.append(one_line(f"pod {ident(obj)}: {exc}"))
             continue
         if not pod.finished and not pod.daemon:
             found.append(pod)

@@ -37,6 +37,9 @@ JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 TERMINAL = frozenset({"Succeeded", "Failed"})
 SHOWN = 80
 _COUNT = re.compile(r"^[0-9]{1,9}$")
+_MIB = re.compile(r"[0-9]{1,9}\Z")  # MiB per GPU: ASCII digits, under a petabyte
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+LINE_MAX = 500
 
 
 class BadPodError(Exception):
@@ -171,6 +174,14 @@ class Times:
         return found
 
 
+def one_line(text: str, limit: int = LINE_MAX) -> str:
+    """``text`` fit for one line of a log or a metric's reason: control characters and line
+    breaks shown as ``?`` (a name the API server would refuse, but a problem line must hold
+    whatever came), cut at ``limit`` characters."""
+    cleaned = _UNPRINTABLE.sub("?", text)
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
 def shown(value: Any) -> str:
     """A value as one short line for a warning, whatever it holds."""
     if isinstance(value, str):
@@ -299,7 +310,7 @@ def wanted_gpus(spec: Obj, rules: PodRules) -> tuple[tuple[str, ...], float | No
             if not isinstance(label, str) or not all(isinstance(v, str) for v in values):
                 raise BadPodError(f"nodeSelectorTerms[{index}]: a matchExpression is malformed")
             if label == GPU_MEMORY_LABEL and operator == "Gt" and len(values) == 1:
-                floor = gpu_memory_gib(str(int(values[0]) + 1)) if values[0].isdigit() else None
+                floor = gpu_memory_gib(str(int(values[0]) + 1)) if _MIB.match(values[0]) else None
                 memory = max(memory or 0.0, floor or 0.0) or None
             if operator != "In":
                 continue
@@ -341,7 +352,7 @@ def node_needs(spec: Obj) -> NodeNeeds:
 
 def gpu_memory_gib(text: str | None) -> float | None:
     """GiB per GPU from GPU feature discovery's ``nvidia.com/gpu.memory`` (MiB)."""
-    if text and text.isdigit() and int(text) > 0:
+    if text and _MIB.match(text) and int(text) > 0:
         return int(text) / 1024
     return None
 
@@ -406,7 +417,10 @@ def _high(spec: Obj, rules: PodRules) -> bool:
         raise BadPodError(f"spec.priority {shown(priority)} is not an integer")
     if rules.high_min is not None and priority is not None and priority >= rules.high_min:
         return True
-    return spec.get("priorityClassName") in rules.high_classes
+    name = spec.get("priorityClassName")
+    if name is not None and not isinstance(name, str):
+        raise BadPodError(f"spec.priorityClassName {shown(name)} is not a string")
+    return name in rules.high_classes
 
 
 def _gang(
