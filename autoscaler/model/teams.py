@@ -5,7 +5,10 @@ priority classes work is placed in.
 A team is named by the scheduler (a Slurm account, a Kubernetes namespace or label, a Redis key,
 an SQS message attribute: each source's ``team_from``). A team that jobs name and the config
 does not list is a team of its own with ``unassigned``'s terms (no guarantee by default), said
-once (``TeamBook``).
+once (``TeamBook``). A scheduler's team may be any printable name up to 253 characters; the
+config lists teams by the config's name rules (up to 128 of letters, digits, ``_.:-``), so a
+Slurm account such as ``Team A`` cannot be listed and always gets the unassigned terms: name
+such teams in the scheduler the way the config can.
 
 Guarantees follow the quota-with-borrowing model of Kueue's cohorts and Slurm's QOS
 ``GrpTRES``: a team's guaranteed on-prem GPUs are its own when it has work for them; idle, they

@@ -81,7 +81,7 @@ class KubernetesSource:
         self.settings = settings
         self.name = name
         self.where = f"kubernetes source '{name}'"
-        self.rules = PodRules.of(settings)
+        self.rules = PodRules.of(settings, f"kubernetes source {name!r}")
         self.api = api or KubeApi(settings, self.where)
         # what the last reading could not read as it is, one line each, and how many
         self._lines: dict[str, tuple[str, ...]] = {}  # each reading's last problems
