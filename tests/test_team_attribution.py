@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 from test_sim_engine import job_row, small_scenario
 
 from autoscaler.fleet.attribution import IDLE, apportion, bill, cents
+from autoscaler.model.teams import TeamsConfig, TeamSpec
 from autoscaler.report.build import build_report
 from autoscaler.report.render import render_markdown
 from autoscaler.sim.engine import prepare, simulate
-from autoscaler.sim.scenario import load_scenario
+from autoscaler.sim.scenario import OnPremNodeSpec, load_scenario
 from autoscaler.sim.scheduler import ONPREM_PLACE
+from autoscaler.sim.static_pools import replay_static_pools, slices
 
 TEAMS = ["a", "b", "c", "unassigned"]
 POOLS = ["spot-1", "spot-2", "od"]
@@ -109,3 +111,52 @@ def test_a_replay_of_two_teams_bills_each_and_the_report_adds_up(tmp_path: Path)
         assert rows["research"].wait_s is not None
     text = render_markdown(report)
     assert "## Teams" in text and "| research |" in text and "| all |" in text
+
+
+# -- static per-team pools: the baseline a shared fleet is judged against ------------------------
+
+
+@given(
+    st.lists(st.integers(1, 16), min_size=1, max_size=6),
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c"]),
+        st.tuples(st.integers(0, 24), st.floats(0.1, 10)),
+        min_size=1,
+    ),
+)
+def test_static_slices_give_each_team_its_guarantee_and_cut_the_whole_fleet(
+    node_gpus: list[int], terms: dict[str, tuple[int, float]]
+) -> None:
+    fleet = [OnPremNodeSpec(name=f"n{i}", gpus=g) for i, g in enumerate(node_gpus)]
+    total = sum(node_gpus)
+    config = TeamsConfig(
+        teams={t: TeamSpec(guaranteed_gpus=g, weight=w) for t, (g, w) in terms.items()}
+    )
+    cut = slices(fleet, config, sorted(terms))
+    assert sum(s.gpus for s in cut) == total, "the whole fleet, no GPU twice"
+    for piece in cut:
+        assert sum(n.gpus for n in piece.nodes) == piece.gpus
+        assert all(n.gpus <= max(node_gpus) for n in piece.nodes)
+        if sum(g for g, _ in terms.values()) <= total:
+            assert piece.gpus >= terms[piece.team][0], "at least its guarantee"
+
+
+def test_a_replay_on_static_per_team_pools_is_reported_beside_the_shared_one(
+    tmp_path: Path,
+) -> None:
+    jobs = [job_row(f"be{i}", 60 * i, 3600, preemptible=1) for i in range(4)]
+    jobs += [job_row(f"ls{i}", 30 + 60 * i, 1800, preemptible=0) for i in range(3)]
+    path = small_scenario(tmp_path, jobs=jobs, extra=TEAM_RULES)
+    loaded = load_scenario(path)
+    prepared = prepare(loaded)
+    spec = loaded.scenario.policies[0]
+    shared = simulate(prepared, spec)
+    static = replay_static_pools(prepared, lambda alone: simulate(alone, spec))
+    assert sorted(r.team for r in static) == ["research", "serving"]
+    assert sum(r.onprem_gpus for r in static) == 1, "the one on-prem GPU, to one team"
+    assert sum(len(r.result.waits_s) for r in static) == len(shared.waits_s)
+    report = build_report(prepared, [shared], [], None, static)
+    assert report.static_pools is not None
+    assert {t.team: t.jobs for t in report.static_pools.teams} == {"research": 4, "serving": 3}
+    text = render_markdown(report)
+    assert "## Static per-team pools" in text and "Static pools cost" in text

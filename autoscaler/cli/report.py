@@ -134,9 +134,10 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
     from autoscaler.report.build import DEFAULT_POLICY, build_report
     from autoscaler.report.render import summary_markdown
     from autoscaler.report.write import write_report
-    from autoscaler.sim.engine import prepare, simulate
+    from autoscaler.sim.engine import Prepared, SimResult, prepare, simulate
     from autoscaler.sim.hostable import check_hostable
     from autoscaler.sim.lowerbound import compute_lower_bounds
+    from autoscaler.sim.static_pools import TeamReplay, replay_static_pools
 
     scenario = loaded.scenario
     specs = list(enumerate(scenario.policies))
@@ -197,7 +198,16 @@ def _replay_report(args: argparse.Namespace, loaded: LoadedScenario) -> int:
         if bound
         else []
     )
-    report = build_report(prepared, results, bounds, flipped)
+    static: list[TeamReplay] = []
+    if compared is not None and scenario.teams is not None:
+        index, spec = compared
+
+        def alone(team_prepared: Prepared) -> SimResult:
+            return simulate(team_prepared, spec, index)
+
+        with Progress(f"replay {spec.title} on static per-team pools", enabled=show):
+            static = replay_static_pools(prepared, alone)
+    report = build_report(prepared, results, bounds, flipped, static)
     where = _non_finite(report.model_dump())
     if where is not None:  # validated inputs never lead here: a bug, and no report is written
         raise ArithmeticError(f"the report's figure {where} is not a finite number")

@@ -17,6 +17,8 @@ from autoscaler.report.model import (
     PoolRow,
     Report,
     Series,
+    StaticPools,
+    StaticTeam,
     TeamResult,
     WindowInfo,
 )
@@ -24,6 +26,7 @@ from autoscaler.sim.engine import Prepared, SimResult, Timeline
 from autoscaler.sim.hostable import check_hostable
 from autoscaler.sim.lowerbound_result import LowerBoundResult
 from autoscaler.sim.scheduler import ONPREM_PLACE
+from autoscaler.sim.static_pools import TeamReplay
 
 HOUR = 3600.0
 DEFAULT_POLICY = "cost-aware"
@@ -346,14 +349,45 @@ def _checkpoint_finding(comparison: CheckpointComparison) -> str:
     )
 
 
+def static_pools(results: Sequence[SimResult], replays: Sequence[TeamReplay]) -> StaticPools | None:
+    """Each team served by static pools (``replays``, of one policy) beside the same policy's
+    shared replay among ``results``; its cost there is the team's share of the bill."""
+    if not replays:
+        return None
+    policy = replays[0].result.policy
+    shared = next((r for r in results if r.policy == policy), None)
+    if shared is None:
+        return None
+    waits: dict[str, list[float]] = {}
+    for team, wait in zip(shared.wait_teams, shared.waits_s, strict=True):
+        waits.setdefault(team, []).append(wait)
+    rows = []
+    for replay in replays:
+        alone = replay.result
+        rows.append(
+            StaticTeam(
+                team=replay.team,
+                onprem_gpus=replay.onprem_gpus,
+                jobs=len(alone.waits_s),
+                static_cost=round(alone.cost, 2),
+                static_wait_s=percentiles(alone.waits_s) if alone.waits_s else None,
+                shared_cost=shared.team_bill.team_cents(replay.team) / 100,
+                shared_wait_s=percentiles(waits[replay.team]) if waits.get(replay.team) else None,
+            )
+        )
+    return StaticPools(policy=policy, teams=rows, shared_total=round(shared.cost, 2))
+
+
 def build_report(
     prepared: Prepared,
     results: Sequence[SimResult],
     bounds: Sequence[LowerBoundResult],
     flipped: SimResult | None = None,
+    static: Sequence[TeamReplay] = (),
 ) -> Report:
     """``flipped`` is one policy replayed with checkpoint awareness flipped, for the
-    comparison of work lost with and without it."""
+    comparison of work lost with and without it; ``static`` one policy replayed on static
+    per-team pools (``autoscaler.sim.static_pools``)."""
     loaded = prepared.loaded
     scenario = loaded.scenario
     selection = prepared.selection
@@ -396,4 +430,5 @@ def build_report(
         + _findings(policies, default, bounds)
         + ([_checkpoint_finding(comparison)] if comparison is not None else []),
         checkpoint_comparison=comparison,
+        static_pools=static_pools(results, static),
     )

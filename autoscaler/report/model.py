@@ -81,6 +81,31 @@ class TeamResult(Frozen):
     guaranteed_gpus: int | None = None
 
 
+class StaticTeam(Frozen):
+    """One team as static per-team pools would have served it, beside the shared fleet."""
+
+    team: str
+    onprem_gpus: int
+    jobs: int
+    static_cost: float
+    static_wait_s: Percentiles | None
+    shared_cost: float
+    shared_wait_s: Percentiles | None
+
+
+class StaticPools(Frozen):
+    """The baseline a shared fleet is judged against (``autoscaler.sim.static_pools``): each
+    team's jobs replayed alone on its slice of the on-prem fleet, with the same policy."""
+
+    policy: str
+    teams: list[StaticTeam]
+    shared_total: float  # the shared replay's whole bill, idle time included
+
+    @property
+    def static_cost(self) -> float:
+        return sum(t.static_cost for t in self.teams)
+
+
 class PolicyResult(Frozen):
     policy: str
     label: str
@@ -202,5 +227,6 @@ class Report(Frozen):
     default_policy: str
     findings: list[str]
     checkpoint_comparison: CheckpointComparison | None = None
+    static_pools: StaticPools | None = None
     kind: Literal["dry-run", "journal"] = "dry-run"
     journal: JournalFacts | None = None

@@ -21,6 +21,7 @@ from autoscaler.report.model import (
     Percentiles,
     PolicyResult,
     Report,
+    StaticPools,
     WindowInfo,
 )
 from autoscaler.report.plots import Plot, plots
@@ -511,6 +512,55 @@ def team_table(policy: PolicyResult) -> Table:
     return _table(headers, rows)
 
 
+def static_pools_table(static: StaticPools) -> Table:
+    rows = [
+        [
+            t.team,
+            num(t.onprem_gpus, 0),
+            num(t.jobs, 0),
+            usd(t.static_cost),
+            usd(t.shared_cost),
+            _wait(t.static_wait_s, lambda w: w.p95),
+            _wait(t.shared_wait_s, lambda w: w.p95),
+        ]
+        for t in static.teams
+    ]
+    rows.append(
+        [
+            "all",
+            num(sum(t.onprem_gpus for t in static.teams), 0),
+            num(sum(t.jobs for t in static.teams), 0),
+            usd(static.static_cost),
+            usd(static.shared_total),
+            DASH,
+            DASH,
+        ]
+    )
+    headers = [
+        "Team",
+        "Its on-prem GPUs",
+        "Jobs",
+        "Static pools cost",
+        "Shared cost",
+        "Static p95 s",
+        "Shared p95 s",
+    ]
+    return _table(headers, rows)
+
+
+def _static_blocks(static: StaticPools) -> tuple[Block, ...]:
+    return (
+        Para(
+            f"Each team's jobs replayed alone with {static.policy} on its own slice of the "
+            "on-prem fleet (its guarantee, then what nobody is guaranteed by weight) and the "
+            "same cloud pools: what the fleet cost before it was shared. The shared cost is the "
+            "team's share of the shared replay's bill; its total row is the whole bill, idle "
+            "time included."
+        ),
+        static_pools_table(static),
+    )
+
+
 def _team_blocks(report: Report) -> tuple[Block, ...]:
     blocks: list[Block] = [
         Para(
@@ -618,6 +668,8 @@ def _detail_sections(report: Report) -> list[Section]:
     teams = (
         [Section("Teams", _team_blocks(report))] if any(p.teams for p in report.policies) else []
     )
+    if report.static_pools is not None:
+        teams.append(Section("Static per-team pools", _static_blocks(report.static_pools)))
     return [
         *teams,
         Section("Cost by pool", _cost_by_pool_blocks(report)),
