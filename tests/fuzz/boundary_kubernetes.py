@@ -965,7 +965,8 @@ def _planned(obj: Obj, pod_id: str, groups: Sequence[Any], rules: PodRules) -> s
             continue
         if spec.get("tolerations") is None and group.checkpoint_interval_s is not None:
             return f"pod {pod_id[:60]} lacks the spot toleration, planned with checkpoints"
-        if spec.get("priorityClassName") in rules.high_classes and not group.high_priority:
+        named = spec.get("priorityClassName")
+        if isinstance(named, str) and named in rules.high_classes and not group.high_priority:
             return f"pod {pod_id[:60]} of a high-priority class planned as low priority"
     return None
 
