@@ -280,35 +280,19 @@ def _model(key: str, value: str, rules: PodRules) -> str | None:
     return None
 
 
-def wanted_gpus(spec: Obj, rules: PodRules) -> tuple[tuple[str, ...], float | None]:
+def wanted_gpus(needs: NodeNeeds, rules: PodRules) -> tuple[tuple[str, ...], float | None]:
     """The GPU models a pod's node must have (any when empty) and the least GPU memory, from its
     ``nodeSelector`` and else its required node affinity (any of its terms)."""
-    selector = as_strings(spec.get("nodeSelector"), "spec.nodeSelector")
+    selector = dict(needs.selector)
     memory = gpu_memory_gib(selector.get(GPU_MEMORY_LABEL))
-    for key, value in selector.items():
+    for key, value in needs.selector:
         model = _model(key, value, rules)
         if model:
             return (model,), memory
-    affinity = as_mapping(spec.get("affinity"), "spec.affinity")
-    node_affinity = as_mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
-    required = as_mapping(
-        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"),
-        "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
-    )
-    terms = as_list(required.get("nodeSelectorTerms"), "nodeSelectorTerms")
     models: set[str] = set()
-    for index, term in enumerate(terms):
-        expressions = as_list(
-            as_mapping(term, f"nodeSelectorTerms[{index}]").get("matchExpressions"),
-            f"nodeSelectorTerms[{index}].matchExpressions",
-        )
+    for term in needs.terms:
         narrowed: set[str] | None = None
-        for expression in expressions:
-            found = as_mapping(expression, "a matchExpression")
-            label, operator = found.get("key"), found.get("operator")
-            values = as_list(found.get("values"), "a matchExpression's values")
-            if not isinstance(label, str) or not all(isinstance(v, str) for v in values):
-                raise BadPodError(f"nodeSelectorTerms[{index}]: a matchExpression is malformed")
+        for label, operator, values in term:
             if label == GPU_MEMORY_LABEL and operator == "Gt" and len(values) == 1:
                 floor = gpu_memory_gib(str(int(values[0]) + 1)) if _MIB.match(values[0]) else None
                 memory = max(memory or 0.0, floor or 0.0) or None
@@ -481,8 +465,8 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
     gpus, other, other_gpus = requested(spec, rules)
     needs = NodeNeeds()
     if gpus:
-        models, memory = wanted_gpus(spec, rules)
-        needs = node_needs(spec) if node is None else needs
+        needs = node_needs(spec)
+        models, memory = wanted_gpus(needs, rules)
     else:  # no GPU counted: a GPU-like resource nobody counts is a model no pool offers
         models, memory = ((other,) if other else ()), None
     started = status.get("startTime")
