@@ -24,6 +24,7 @@ from autoscaler.model import (
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig, Limits
 from autoscaler.model.errors import CapacityError, ProviderError
+from autoscaler.model.teams import TeamsConfig
 from autoscaler.ops.journal import Journal
 from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.policy import Policy
@@ -270,6 +271,7 @@ def rig(
     metrics: Metrics | None = None,
     registration_timeout_s: float | None = None,
     gangs: bool = True,
+    teams: TeamsConfig | None = None,
 ) -> Rig:
     clock = ManualClock(1_000_000.0)
     cloud = FakeCloud(
@@ -286,6 +288,7 @@ def rig(
         # FakeNodes reports only the cloud nodes a test says joined; the registration rule
         # has its own tests (test_registration.py)
         registration_timeout_s=registration_timeout_s,
+        teams=teams,
     )
     controller = Controller(
         config,

@@ -153,3 +153,19 @@ def test_pending_gpus_are_on_metrics_by_team() -> None:
     t.queue.jobs = []
     t.controller.tick()
     assert value("gpu_autoscaler_team_pending_gpus", {"team": "research"}) is None
+
+
+def test_the_controller_says_once_that_jobs_name_a_team_the_config_lacks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    teams = TeamsConfig(teams={"research": TeamSpec(guaranteed_gpus=0)})
+    t = rig([pool("a")], {"a": 1.0}, teams=teams)
+    t.queue.jobs = [
+        job("r", 1).model_copy(update={"team": "research"}),
+        job("v", 1).model_copy(update={"team": "vision"}),
+    ]
+    with caplog.at_level(logging.WARNING, "autoscaler.model.teams"):
+        t.controller.tick()
+        t.controller.tick()
+    said = [r.getMessage() for r in caplog.records if r.name == "autoscaler.model.teams"]
+    assert len(said) == 1 and "'vision'" in said[0]

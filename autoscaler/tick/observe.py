@@ -32,6 +32,7 @@ from autoscaler.model import (
 )
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import describe
+from autoscaler.model.teams import TeamBook
 from autoscaler.spi.provider import Provider
 from autoscaler.spi.sources import (
     CheckpointingScheduler,
@@ -125,6 +126,8 @@ class Observer:
             if any(p.is_spot for p in config.pools)
             else set()
         )
+        # The teams jobs name, said once each when the config lists teams and not theirs.
+        self.teams = TeamBook(config.teams) if config.teams is not None else None
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
@@ -171,6 +174,9 @@ class Observer:
                 running[record.pool] = running.get(record.pool, 0) + 1
         self.history.expose(running, now)
         demand = self._read_demand(now, errors, status)
+        if self.teams is not None:
+            for group in demand.groups:
+                self.teams.name(group.team)
         reading = self._read_nodes(now, errors, status)
         underused = self._underused(now, reading.cloud)
         for inbox in self.signals.notices:
