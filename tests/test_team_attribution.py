@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_sim_engine import job_row, small_scenario
@@ -14,7 +15,7 @@ from autoscaler.fleet.attribution import IDLE, apportion, bill, cents
 from autoscaler.model.teams import TeamsConfig, TeamSpec
 from autoscaler.report.build import build_report
 from autoscaler.report.render import render_markdown
-from autoscaler.sim.engine import prepare, simulate
+from autoscaler.sim.engine import Shortfall, count_short, prepare, simulate
 from autoscaler.sim.scenario import OnPremNodeSpec, load_scenario
 from autoscaler.sim.scheduler import ONPREM_PLACE
 from autoscaler.sim.static_pools import replay_static_pools, slices
@@ -91,6 +92,8 @@ def test_a_replay_of_two_teams_bills_each_and_the_report_adds_up(tmp_path: Path)
     jobs = [job_row(f"be{i}", 60 * i, 3600, preemptible=1) for i in range(4)]
     jobs += [job_row(f"ls{i}", 30 + 60 * i, 1800, preemptible=0) for i in range(3)]
     path = small_scenario(tmp_path, jobs=jobs, extra=TEAM_RULES)
+    guarantee = "  fleet_id: small\n  teams: {teams: {research: {guaranteed_gpus: 1}}}\n"
+    path.write_text(path.read_text().replace("  fleet_id: small\n", guarantee, 1))
     loaded = load_scenario(path)
     prepared = prepare(loaded)
     assert {j.team for j in prepared.selection.jobs} == {"serving", "research"}
@@ -109,6 +112,11 @@ def test_a_replay_of_two_teams_bills_each_and_the_report_adds_up(tmp_path: Path)
         assert set(rows) <= {"serving", "research", IDLE}
         assert rows["research"].jobs == 4 and rows["serving"].jobs == 3
         assert rows["research"].wait_s is not None
+        assert rows["research"].guaranteed_gpus == 1 and rows["serving"].guaranteed_gpus is None
+        assert (
+            rows["research"].short_gpu_hours is not None and rows["serving"].short_gpu_hours is None
+        )
+        assert 0 <= (rows["research"].short_share or 0) <= 1
     text = render_markdown(report)
     assert "## Teams" in text and "| research |" in text and "| all |" in text
 
@@ -160,3 +168,30 @@ def test_a_replay_on_static_per_team_pools_is_reported_beside_the_shared_one(
     assert {t.team: t.jobs for t in report.static_pools.teams} == {"research": 4, "serving": 3}
     text = render_markdown(report)
     assert "## Static per-team pools" in text and "Static pools cost" in text
+
+
+class _Held:
+    def __init__(self, by_team: dict[str, tuple[int, int]]) -> None:
+        self.by_team = by_team
+
+    def team_gpus(self) -> dict[str, tuple[int, int]]:
+        return self.by_team
+
+
+@pytest.mark.parametrize(
+    ("held", "short"),
+    [
+        ((0, 4), 4.0),  # guaranteed 8, nothing held, 4 GPUs of work waiting: short by 4
+        ((2, 10), 6.0),  # holds 2, plenty waiting: short by the rest of its 8
+        ((8, 3), 0.0),  # holds its guarantee
+        ((3, 0), 0.0),  # below it, but nothing waits: lending is fine
+        ((12, 5), 0.0),  # borrowing beyond it
+    ],
+)
+def test_a_team_is_short_only_while_its_work_waits_below_its_guarantee(
+    held: tuple[int, int], short: float
+) -> None:
+    shortfall = Shortfall()
+    count_short(shortfall, _Held({"research": held}), {"research": 8}, 60.0)  # type: ignore[arg-type]
+    assert shortfall.gpu_s.get("research", 0.0) == short * 60.0
+    assert shortfall.ticks.get("research", 0) == (1 if short else 0) and shortfall.samples == 1

@@ -162,6 +162,7 @@ def team_results(result: SimResult, prepared: Prepared) -> list[TeamResult]:
     for team in sorted(set(waits) | set(billed.teams), key=lambda t: (t == IDLE, t)):
         onprem = billed.team_gpu_s(team, ONPREM_PLACE)
         spec = config.teams.get(team) if config is not None else None
+        guaranteed = spec is not None and spec.guaranteed_gpus > 0
         rows.append(
             TeamResult(
                 team=team,
@@ -171,6 +172,12 @@ def team_results(result: SimResult, prepared: Prepared) -> list[TeamResult]:
                 gpu_hours_cloud=round((billed.team_gpu_s(team) - onprem) / HOUR, 2),
                 cost_cents=billed.team_cents(team),
                 guaranteed_gpus=spec.guaranteed_gpus if spec is not None else None,
+                short_gpu_hours=round(result.team_short_gpu_s.get(team, 0.0) / HOUR, 2)
+                if guaranteed
+                else None,
+                short_share=round(result.team_short_ticks.get(team, 0) / result.sampled_ticks, 4)
+                if guaranteed and result.sampled_ticks
+                else None,
             )
         )
     return rows

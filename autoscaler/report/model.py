@@ -79,6 +79,10 @@ class TeamResult(Frozen):
     gpu_hours_cloud: float
     cost_cents: int
     guaranteed_gpus: int | None = None
+    # on-prem GPU-hours the team was short of min(guarantee, its work) while it had work
+    # waiting, and the share of ticks it was (None: no guarantee)
+    short_gpu_hours: float | None = None
+    short_share: float | None = None
 
 
 class StaticTeam(Frozen):

@@ -22,6 +22,7 @@ from autoscaler.report.model import (
     PolicyResult,
     Report,
     StaticPools,
+    TeamResult,
     WindowInfo,
 )
 from autoscaler.report.plots import Plot, plots
@@ -482,6 +483,7 @@ def team_table(policy: PolicyResult) -> Table:
                 usd(t.cost_cents / 100),
                 pct(t.cost_cents / 100 / policy.cost) if policy.cost else DASH,
                 DASH if t.guaranteed_gpus is None else num(t.guaranteed_gpus, 0),
+                _short(t),
             ]
         )
     total = sum(t.cost_cents for t in policy.teams)
@@ -496,6 +498,7 @@ def team_table(policy: PolicyResult) -> Table:
             usd(total / 100),
             DASH,
             DASH,
+            DASH,
         ]
     )
     headers = [
@@ -508,8 +511,17 @@ def team_table(policy: PolicyResult) -> Table:
         "Cost",
         "Share",
         "Guaranteed GPUs",
+        "Below guarantee GPU-h (ticks)",
     ]
     return _table(headers, rows)
+
+
+def _short(team: TeamResult) -> str:
+    """How far the team fell below its guarantee while it had work waiting."""
+    if team.short_gpu_hours is None:
+        return DASH
+    share = f" ({pct(team.short_share)})" if team.short_share is not None else ""
+    return num(team.short_gpu_hours, 1) + share
 
 
 def static_pools_table(static: StaticPools) -> Table:
@@ -566,7 +578,10 @@ def _team_blocks(report: Report) -> tuple[Block, ...]:
         Para(
             "Each pool's bill is split between the teams whose jobs held its GPUs, by "
             "GPU-seconds, in whole cents (largest remainder); (idle) is paid time no job held. "
-            "The rows add up to the policy's cost."
+            "The rows add up to the policy's cost. Below guarantee: the on-prem GPU-hours a "
+            "team held fewer than its guarantee (or its waiting work, if less) while it had "
+            "jobs waiting, and on what share of the ticks; no decision enforces guarantees "
+            "yet, so this is what quotas with borrowing would give back."
         )
     ]
     for policy in report.policies:

@@ -133,6 +133,11 @@ class SimResult:
     wait_teams: list[str] = field(default_factory=list)
     # the pools' bills split by team (and idle), GPU-seconds by team and place
     team_bill: TeamBill = field(default_factory=TeamBill)
+    # by team with a guarantee: GPU-seconds it was short of min(guarantee, its work) on-prem
+    # while it had work waiting, and on how many of the sampled ticks
+    team_short_gpu_s: dict[str, float] = field(default_factory=dict)
+    team_short_ticks: dict[str, int] = field(default_factory=dict)
+    sampled_ticks: int = 0
 
 
 def prepare(loaded: LoadedScenario) -> Prepared:
@@ -346,6 +351,12 @@ def simulate(
     next_arrival = 0
     next_tick = 0.0
     timeline = Timeline()
+    guarantees = (
+        {name: t.guaranteed_gpus for name, t in config.teams.teams.items() if t.guaranteed_gpus}
+        if scenario.teams is not None and config.teams is not None
+        else {}
+    )
+    shortfall = Shortfall()
     # One unboxed double per tick rather than a float object: a long replay or a soak holds
     # 8 bytes per tick here, and the soak's memory figures are not swamped by its own record.
     tick_ms = array("d")
@@ -386,6 +397,8 @@ def simulate(
                 post(due, "wake", None)
             if regular:
                 _sample(timeline, t, cloud, scheduler)
+                if guarantees:
+                    count_short(shortfall, scheduler, guarantees, config.tick_seconds)
                 next_tick += config.tick_seconds
                 if progress is not None:
                     progress(t)
@@ -431,6 +444,9 @@ def simulate(
         timeline=timeline,
         onprem_idle_gpu_s=accounting.onprem_idle_gpu_s,
         wait_teams=[job.trace.team or UNASSIGNED for job in counted],
+        team_short_gpu_s=shortfall.gpu_s,
+        team_short_ticks=shortfall.ticks,
+        sampled_ticks=shortfall.samples,
         team_bill=bill(
             {name: m.cost for name, m in cloud.meters.items()},
             {name: m.gpu_s for name, m in cloud.meters.items()},
@@ -456,6 +472,28 @@ def _dispatch(
     elif kind == "checkpoint":
         job, run_id, asked_at = payload
         scheduler.checkpointed(job, run_id, asked_at, now)
+
+
+@dataclass
+class Shortfall:
+    gpu_s: dict[str, float] = field(default_factory=dict)
+    ticks: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+
+
+def count_short(
+    shortfall: Shortfall, scheduler: SimScheduler, guarantees: dict[str, int], period_s: float
+) -> None:
+    """A team with work waiting is short while it holds fewer on-prem GPUs than its guarantee
+    or its work, whichever is less (what quotas with borrowing would give it back)."""
+    shortfall.samples += 1
+    held = scheduler.team_gpus()
+    for team, guaranteed in guarantees.items():
+        holds, waiting = held.get(team, (0, 0))
+        short = max(0, min(guaranteed, holds + waiting) - holds) if waiting else 0
+        if short:
+            shortfall.gpu_s[team] = shortfall.gpu_s.get(team, 0.0) + short * period_s
+            shortfall.ticks[team] = shortfall.ticks.get(team, 0) + 1
 
 
 def _sample(timeline: Timeline, t: float, cloud: SimCloud, scheduler: SimScheduler) -> None:

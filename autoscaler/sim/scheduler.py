@@ -438,6 +438,19 @@ class SimScheduler:
     def pending_gpus(self) -> int:
         return sum(key[0] * len(h) for key, h in self._buckets.items())
 
+    def team_gpus(self) -> dict[str, tuple[int, int]]:
+        """By team: the on-prem GPUs its running jobs hold, and the GPUs its pending jobs ask
+        for (what a guarantee is judged against)."""
+        found: dict[str, list[int]] = {}
+        for key, heap in self._buckets.items():
+            if heap:
+                found.setdefault(key[6] or UNASSIGNED, [0, 0])[1] += key[0] * len(heap)
+        for node in self.nodes.values():
+            if node.kind is Capacity.ONPREM:
+                for job in node.jobs.values():
+                    found.setdefault(job.trace.team or UNASSIGNED, [0, 0])[0] += job.gpus_per_node
+        return {team: (held, pending) for team, (held, pending) in found.items()}
+
     def close(self, now: float) -> None:
         """End of the replay: count the work in flight, and the wait of jobs still queued (a
         lower bound on what they would have waited)."""
