@@ -4,6 +4,7 @@ with the requirement that fails named."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -138,6 +139,10 @@ needs_strategy = st.builds(
 )
 
 
+def _is_integer(text: str) -> bool:
+    return re.fullmatch(r"-?[0-9]{1,18}", text) is not None
+
+
 def matches(labels: Mapping[str, str], needs: NodeNeeds) -> bool:
     """The scheduler's own reading of a node selector and required affinity on one node."""
 
@@ -151,9 +156,11 @@ def matches(labels: Mapping[str, str], needs: NodeNeeds) -> bool:
             return value is not None
         if operator == "DoesNotExist":
             return value is None
-        if value is None or not value.lstrip("-").isdigit():
+        # Gt and Lt compare integers; a label or a bound that is not one never matches
+        bound = values[0]
+        if value is None or not _is_integer(value) or not _is_integer(bound):
             return False
-        return int(value) > int(values[0]) if operator == "Gt" else int(value) < int(values[0])
+        return int(value) > int(bound) if operator == "Gt" else int(value) < int(bound)
 
     if any(labels.get(k) != v for k, v in needs.selector):
         return False
