@@ -271,7 +271,8 @@ def test_signal_reaches_the_batch_script(
 
     adapter().signal(job, "USR1")
 
-    wait_for("the trap to run", got.exists)
+    # The shell creates the file before it writes the line: wait for a whole line, not the file.
+    wait_for("the trap to write its line", lambda: got.exists() and got.read_text().endswith("\n"))
     assert got.read_text() == "checkpoint\n"
     with pytest.raises(SourceError, match="is not a signal name"):
         adapter().signal(job, "USR1; rm -rf /")
