@@ -510,6 +510,7 @@ class SimScheduler:
             high_priority=job.trace.high_priority,
             gpu_models=job.trace.shape.gpu_models,
             min_gpu_memory_gib=job.trace.shape.min_gpu_memory_gib,
+            team=job.trace.team,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:

@@ -273,6 +273,7 @@ class SqueueRunningJob(_JobFields):
     priority: Any = msgspec.UNSET
     qos: Any = msgspec.UNSET
     features: Any = msgspec.UNSET
+    partition: Any = msgspec.UNSET
 
 
 class SqueuePlacementJob(_JobFields):
@@ -848,6 +849,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             )
             needs = memo.gpu_needs(job, _job_gpus(job, memo)[1])
             job_id = str(_job_id(job))
+            team = rules.team_names(job.get(rules.team_field)) if rules.team_field else None
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         for node, count in zip(nodes, gpus, strict=True):
@@ -864,6 +866,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     high_priority=high,
                     gpu_models=needs.gpu_models,
                     min_gpu_memory_gib=needs.min_gpu_memory_gib,
+                    team=team,
                 )
             )
     return by_node

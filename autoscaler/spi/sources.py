@@ -112,6 +112,8 @@ class RunningJob:
     # What the job asks of a node's GPUs (any model when empty): where it may restart if moved.
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
+    # The team the job's GPUs count for (the source's ``team_from``), None when it names none.
+    team: str | None = None
 
 
 @runtime_checkable

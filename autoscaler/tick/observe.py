@@ -36,6 +36,7 @@ from autoscaler.model.teams import TeamBook
 from autoscaler.spi.provider import Provider
 from autoscaler.spi.sources import (
     CheckpointingScheduler,
+    JobsByNode,
     MovesJobsOff,
     NodeReading,
     NodeSource,
@@ -43,6 +44,7 @@ from autoscaler.spi.sources import (
     QueueSource,
     ReportsProblems,
     ReportsTargets,
+    RunningJob,
     TelemetrySource,
 )
 from autoscaler.tick.evacuate import running_jobs_on
@@ -76,6 +78,9 @@ class Observation:
     onprem_jobs: OnPremJobs | None = None  # read only when on-prem rebalancing could move some
     # what each source's readings could not take as it is, by kind (``ReportsProblems``)
     source_problems: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Every node's running jobs, read each tick where the config lists teams (what each team
+    # holds: quota reclaim and attribution); None when not read or the scheduler failed.
+    running: Mapping[str, Sequence[RunningJob]] | None = None
 
 
 class NoticeSource(Protocol):
@@ -201,6 +206,7 @@ class Observer:
         onprem_jobs = (
             self._onprem_jobs(view, last_plan, errors) if nodes_known and last_plan else None
         )
+        every_job = self._every_job(view, errors) if nodes_known else None
         for message in errors:
             log.warning("observe: %s", message)
         problems: dict[str, dict[str, int]] = {}
@@ -219,7 +225,25 @@ class Observer:
             tuple(n for n in notices if n.instance_id in owned),
             onprem_jobs,
             problems,
+            every_job,
         )
+
+    def _every_job(
+        self, view: FleetView, errors: list[str]
+    ) -> Mapping[str, Sequence[RunningJob]] | None:
+        """Every node's running jobs, where the config lists teams: one listing where the
+        scheduler lists every node at once, else one per node that holds a job."""
+        if self.teams is None or self.jobs is None:
+            return None
+        try:
+            if isinstance(self.jobs, JobsByNode):
+                return self.jobs.running_jobs_by_node()
+            busy = [n.name for n in view.onprem if n.gpus_allocated > 0]
+            busy += [n.instance_id for n in view.instances if n.gpus_allocated > 0]
+            return running_jobs_on(self.jobs, busy)
+        except Exception as exc:
+            errors.append(f"scheduler: listing every node's jobs failed: {describe(exc)}")
+            return None
 
     def _onprem_jobs(
         self, view: FleetView, last_plan: Plan, errors: list[str]

@@ -300,6 +300,7 @@ def running_jobs(
                 high_priority=pod.high_priority,
                 gpu_models=pod.gpu_models,
                 min_gpu_memory_gib=pod.min_gpu_memory_gib,
+                team=pod.team,
             )
         )
     return by_node, bad
