@@ -213,6 +213,7 @@ class Actuator:
                     move.for_job,
                     view.now,
                     {job: (instance, gpus) for job, instance, gpus in move.room},
+                    move.by,
                 )
             except Exception as exc:
                 records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))

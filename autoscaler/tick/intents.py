@@ -85,6 +85,9 @@ class MoveJobs:
     # held for the job until it has moved off (no other move is given it, and the policy does not
     # count it as free for other pending work).
     room: tuple[tuple[str, str, int], ...] = ()
+    # When the jobs must be gone (a reclaimed guarantee's bound): a job whose checkpoint would
+    # not end by then, or that cannot checkpoint, leaves at once. None: each waits for its own.
+    by: float | None = None
 
 
 @dataclass
