@@ -15,6 +15,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from autoscaler.app.assembly import Mode, Parts, build_controller
@@ -138,6 +139,12 @@ class SimResult:
     team_short_gpu_s: dict[str, float] = field(default_factory=dict)
     team_short_ticks: dict[str, int] = field(default_factory=dict)
     sampled_ticks: int = 0
+    # where GPUs may be shared (scenario gpu_sharing): free slices stranded on partly used GPUs
+    # and GPUs with nothing on them, in GPUs, summed over the sampled ticks (``frag_ticks``)
+    shares_gpus: bool = False
+    stranded_gpu_ticks: float = 0.0
+    free_gpu_ticks: float = 0.0
+    frag_ticks: int = 0
 
 
 def prepare(loaded: LoadedScenario) -> Prepared:
@@ -303,7 +310,14 @@ def simulate(
     def on_checkpoint_asked(job: SimJob, run_id: int, asked_at: float, done_at: float) -> None:
         post(done_at, "checkpoint", (job, run_id, asked_at))
 
-    scheduler = SimScheduler(clock, scenario.idle_util_pct, on_start, on_checkpoint_asked)
+    scheduler = SimScheduler(
+        clock,
+        scenario.idle_util_pct,
+        on_start,
+        on_checkpoint_asked,
+        dict(scenario.gpu_sharing.pools),
+        [p.name for p in config.pools],
+    )
     onprem_gpus = 0
     for node in scenario.onprem:
         for i in range(node.count):
@@ -316,6 +330,7 @@ def simulate(
                 0.0,
                 node.gpu_model,
                 memory_gib(node.gpu_model),
+                sharing=scenario.gpu_sharing.for_node(node),
             )
             onprem_gpus += node.gpus
     cloud = SimCloud(
@@ -357,6 +372,8 @@ def simulate(
         else {}
     )
     shortfall = Shortfall()
+    fragments = Fragments()
+    shares = scenario.shares_gpus
     # One unboxed double per tick rather than a float object: a long replay or a soak holds
     # 8 bytes per tick here, and the soak's memory figures are not swamped by its own record.
     tick_ms = array("d")
@@ -399,6 +416,8 @@ def simulate(
                 _sample(timeline, t, cloud, scheduler)
                 if guarantees:
                     count_short(shortfall, scheduler, guarantees, config.tick_seconds)
+                if shares:
+                    fragments.sample(scheduler)
                 next_tick += config.tick_seconds
                 if progress is not None:
                     progress(t)
@@ -447,6 +466,10 @@ def simulate(
         team_short_gpu_s=shortfall.gpu_s,
         team_short_ticks=shortfall.ticks,
         sampled_ticks=shortfall.samples,
+        shares_gpus=shares,
+        stranded_gpu_ticks=float(fragments.stranded),
+        free_gpu_ticks=float(fragments.free),
+        frag_ticks=fragments.ticks,
         team_bill=bill(
             {name: m.cost for name, m in cloud.meters.items()},
             {name: m.gpu_s for name, m in cloud.meters.items()},
@@ -496,10 +519,27 @@ def count_short(
             shortfall.ticks[team] = shortfall.ticks.get(team, 0) + 1
 
 
+@dataclass
+class Fragments:
+    """Stranded slices (free on partly used shared GPUs) and all free room, summed per tick."""
+
+    stranded: Fraction = Fraction(0)
+    free: Fraction = Fraction(0)
+    ticks: int = 0
+
+    def sample(self, scheduler: SimScheduler) -> None:
+        stranded, free = scheduler.fragmentation()
+        self.stranded += stranded
+        self.free += stranded + free
+        self.ticks += 1
+
+
 def _sample(timeline: Timeline, t: float, cloud: SimCloud, scheduler: SimScheduler) -> None:
     cloud.settle(t)
-    running = sum(scheduler.busy_gpus.values())
-    onprem_busy = scheduler.busy_gpus[Capacity.ONPREM]
+    running = sum(scheduler.busy_gpus.values()) + float(sum(scheduler.busy_slices.values()))
+    onprem_busy = scheduler.busy_gpus[Capacity.ONPREM] + float(
+        scheduler.busy_slices[Capacity.ONPREM]
+    )
     timeline.t.append(t)
     timeline.cost.append(cloud.total_cost())
     timeline.cost_per_hour.append(cloud.cost_per_hour(t))

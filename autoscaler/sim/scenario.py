@@ -43,6 +43,7 @@ from autoscaler.model.inputfile import (
     validate_document,
     validate_settings,
 )
+from autoscaler.model.sharing import GpuSharing
 from autoscaler.model.teams import overcommitted
 from autoscaler.sim.demand_spec import DemandSeriesSpec
 from autoscaler.sim.synthetic import SyntheticTraceSpec
@@ -206,6 +207,9 @@ class OnPremNodeSpec(Frozen):
     gpus: int = Field(gt=0, le=MAX_NODE_GPUS)
     gpu_model: Annotated[str, Field(max_length=128), AfterValidator(_printable)] | None = None
     count: int = Field(1, gt=0, le=MAX_ONPREM_NODES)
+    # this node's GPUs may be shared by jobs asking for a fraction of one (overrides
+    # gpu_sharing.onprem); None: as gpu_sharing.onprem says (whole GPUs when that is unset too)
+    gpu_sharing: GpuSharing | None = None
 
 
 class PoolMarket(Frozen):
@@ -235,6 +239,18 @@ class PolicySpec(Frozen):
         return self.label or self.name
 
 
+class SharingSpec(Frozen):
+    """Which GPUs jobs asking for a fraction of one may share (autoscaler/model/sharing.py):
+    every on-prem node's (``onprem``, unless the node says otherwise) and the instances of the
+    pools named in ``pools``. Unset everywhere, every job takes whole GPUs, as before."""
+
+    onprem: GpuSharing | None = None
+    pools: dict[str, GpuSharing] = Field(default_factory=dict)
+
+    def for_node(self, node: OnPremNodeSpec) -> GpuSharing | None:
+        return node.gpu_sharing if node.gpu_sharing is not None else self.onprem
+
+
 class LowerBoundSpec(Frozen):
     enabled: bool = True
     bin_seconds: float = Field(300.0, ge=60)
@@ -259,6 +275,13 @@ class Scenario(Frozen):
     policies: tuple[PolicySpec, ...] = Field(min_length=1)
     market: MarketSpec = MarketSpec()
     lower_bound: LowerBoundSpec = LowerBoundSpec()
+    gpu_sharing: SharingSpec = SharingSpec()
+
+    @property
+    def shares_gpus(self) -> bool:
+        """Whether any GPU of the scenario may be shared by fractional jobs."""
+        sharing = self.gpu_sharing
+        return bool(sharing.pools) or any(sharing.for_node(n) is not None for n in self.onprem)
 
     @field_validator("start")
     @classmethod
@@ -319,6 +342,16 @@ class Scenario(Frozen):
             if controller is not None and name not in names:
                 raise ValueError(f"pools names {name!r}, which is not a pool in controller.pools")
         return market
+
+    @field_validator("gpu_sharing")
+    @classmethod
+    def _shared_pools_exist(cls, sharing: SharingSpec, info: ValidationInfo) -> SharingSpec:
+        controller = info.data.get("controller")
+        names = {p.name for p in controller.pools} if controller is not None else set()
+        for name in sharing.pools:
+            if controller is not None and name not in names:
+                raise ValueError(f"pools names {name!r}, which is not a pool in controller.pools")
+        return sharing
 
     @field_validator("controller")
     @classmethod

@@ -29,12 +29,15 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import SourceError
+from autoscaler.model.sharing import GpuSharing
 from autoscaler.model.teams import UNASSIGNED
+from autoscaler.sim.packing import SharedGpus, Slot
 from autoscaler.sim.trace import TraceJob
 from autoscaler.spi.sources import NAMED_PENDING, HeldOff, NodeReading, NodeUsage, RunningJob
 
@@ -57,6 +60,10 @@ class SimJob:
     interruptions: int = 0
     lost_gpu_s: float = 0.0
     members: list[SimNode] = field(default_factory=list)
+    # While it runs as a slice of a shared GPU: that slice, in GPUs (None: whole GPUs).
+    slice: Fraction | None = None
+    # The GPUs it holds while it runs, as its GPU-seconds are counted: its slice, or ``gpus``.
+    share: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -97,6 +104,8 @@ class SimNode:
     locality: str = "onprem"
     # Up to when the node's allocated-idle GPU-seconds are counted (on-prem nodes).
     idle_counted_to: float = 0.0
+    # Its GPUs' slices when they may be shared (``free`` then counts GPUs with nothing on them).
+    shared: SharedGpus | None = None
 
 
 @dataclass
@@ -149,9 +158,12 @@ class _Hold:
     since: float
 
 
-# gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory
+# gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory, team,
+# and the GPU fraction asked for (only where some GPUs may be shared; None otherwise)
 ONPREM_PLACE = "on-prem"  # where on-prem GPU-seconds are counted, beside the pools' names
-BucketKey = tuple[int, float | None, bool, int, tuple[str, ...], float | None, str | None]
+BucketKey = tuple[
+    int, float | None, bool, int, tuple[str, ...], float | None, str | None, float | None
+]
 CheckpointAsked = Callable[[SimJob, int, float, float], None]
 
 
@@ -180,8 +192,19 @@ class SimScheduler:
         idle_util_pct: float,
         on_start: Callable[[SimJob, float], None],
         on_checkpoint_asked: CheckpointAsked | None = None,
+        pool_sharing: dict[str, GpuSharing] | None = None,
+        pool_names: Sequence[str] = (),
     ) -> None:
         self.clock = clock
+        # The pools whose instances' GPUs may be shared; ``shares``: whether any GPU may be
+        # (only then are fractional jobs queued and placed apart from whole-GPU ones).
+        self.pool_sharing = dict(pool_sharing or {})
+        self.shares = bool(self.pool_sharing)
+        # every pool's name, to fold fractional demand only when each of them shares
+        self._pool_names = tuple(pool_names) or tuple(self.pool_sharing)
+        self._shared_nodes: dict[Capacity, dict[str, SimNode]] = {k: {} for k in Capacity}
+        # GPUs held by running jobs as slices of shared GPUs, beside ``busy_gpus``'s whole ones
+        self.busy_slices: dict[Capacity, Fraction] = dict.fromkeys(Capacity, Fraction(0))
         self.idle_fraction = idle_util_pct / 100.0
         self.on_start = on_start
         self.on_checkpoint_asked = on_checkpoint_asked
@@ -220,7 +243,12 @@ class SimScheduler:
         gpu_model: str | None = None,
         gpu_memory_gib: float | None = None,
         locality: str = "onprem",
+        sharing: GpuSharing | None = None,
     ) -> SimNode:
+        """A node joins. ``sharing`` (or its pool's, in ``pool_sharing``) lets fractional jobs
+        share its GPUs."""
+        if sharing is None and pool is not None:
+            sharing = self.pool_sharing.get(pool)
         node = SimNode(
             name,
             gpus,
@@ -234,8 +262,12 @@ class SimScheduler:
             gpu_memory_gib=gpu_memory_gib,
             locality=locality,
             idle_counted_to=now,
+            shared=SharedGpus(sharing, gpus) if sharing is not None else None,
         )
         self.nodes[name] = node
+        if node.shared is not None:
+            self.shares = True
+            self._shared_nodes[kind][name] = node
         self._index_add(node)
         self._dirty = True
         return node
@@ -247,6 +279,7 @@ class SimScheduler:
             return 0
         self._count_idle(node, now)
         self._index_remove(node)
+        self._shared_nodes[node.kind].pop(name, None)
         count = 0
         for job in list(node.jobs.values()):
             self._interrupt(job, now)
@@ -258,10 +291,10 @@ class SimScheduler:
             return
         node = job.node
         elapsed = now - job.run_start
-        self.accounting.allocate(job, node, job.gpus * elapsed)
+        self.accounting.allocate(job, node, job.share * elapsed)
         remaining = job.trace.duration - job.progress
-        self.accounting.useful_gpu_s += job.gpus * remaining
-        self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - remaining)
+        self.accounting.useful_gpu_s += job.share * remaining
+        self.accounting.checkpoint_gpu_s += job.share * (elapsed - remaining)
         interval = job.trace.checkpoint_interval_s
         if interval is not None and remaining > 0:
             self.accounting.checkpoints += max(0, math.ceil(remaining / interval) - 1)
@@ -285,6 +318,7 @@ class SimScheduler:
             return 0
         if not found.leaving:
             self._index_remove(found)
+            self._shared_nodes[found.kind].pop(found.name, None)
             found.leaving = True
             found.version += 1
         return len(found.jobs)
@@ -328,8 +362,8 @@ class SimScheduler:
             return
         job.progress += self._account_run(job, node, asked_at)
         writing = now - asked_at
-        self.accounting.allocate(job, node, job.gpus * writing)
-        self.accounting.checkpoint_gpu_s += job.gpus * writing
+        self.accounting.allocate(job, node, job.share * writing)
+        self.accounting.checkpoint_gpu_s += job.share * writing
         self.accounting.checkpoints += 1
         members = list(job.members)
         self._detach(job, now)
@@ -377,12 +411,12 @@ class SimScheduler:
         if self._demand_cache is None:
             groups = []
             for key, heap in sorted(self._buckets.items(), key=_bucket_order):
-                gpus, interval, high, nodes, models, memory, team = key
+                gpus, interval, high, nodes, models, memory, team, fraction = key
                 if heap:
                     groups.append(
                         DemandGroup.model_construct(
                             gpus_per_job=gpus,
-                            jobs=len(heap),
+                            jobs=self._folded(fraction, len(heap)),
                             checkpoint_interval_s=interval,
                             high_priority=high,
                             nodes=nodes,
@@ -398,6 +432,24 @@ class SimScheduler:
                     )
             self._demand_cache = tuple(groups)
         return self._demand_cache
+
+    def _folded(self, fraction: float | None, jobs: int) -> int:
+        """The whole GPUs ``jobs`` pending one-GPU jobs asking ``fraction`` of one need, as the
+        controller is told: their slices summed and rounded up, where every pool shares its GPUs
+        (by the pool that packs them least well); else one GPU each, as without sharing (a pool
+        that does not share would give each a whole GPU, and buying for fewer would leave them
+        waiting)."""
+        if fraction is None or not self.pool_sharing:
+            return jobs
+        if any(p not in self.pool_sharing for p in self._pool_names):
+            return jobs
+        worst = Fraction(0)
+        for sharing in self.pool_sharing.values():
+            slices = sharing.slices_for(fraction)
+            if slices is None:
+                return jobs
+            worst = max(worst, Fraction(slices, sharing.units))
+        return max(1, math.ceil(worst * jobs))
 
     def read_nodes(self, now: float) -> NodeReading:
         onprem: list[OnPremNode] = []
@@ -473,7 +525,7 @@ class SimScheduler:
         self._dirty = False
         heads: list[tuple[int, BucketKey]] = []
         for key, heap in self._buckets.items():
-            if heap and key[0] // key[3] <= self._max_free:
+            if heap and (key[7] is not None or key[0] // key[3] <= self._max_free):
                 heads.append((heap[0][0], key))
         heapq.heapify(heads)
         started = 0
@@ -488,7 +540,7 @@ class SimScheduler:
             self._demand_cache = None
             self._start(job, nodes, now)
             started += 1
-            if heap and key[0] // key[3] <= self._max_free:
+            if heap and (key[7] is not None or key[0] // key[3] <= self._max_free):
                 heapq.heappush(heads, (heap[0][0], key))
         return started
 
@@ -532,7 +584,14 @@ class SimScheduler:
         if hold is not None and self.clock.now() - hold.since >= MOVE_HOLD_S:
             del self._holds[job.seq]
             hold = None
+        fraction = job.trace.gpu_fraction if self.shares else None
         for kind in self._tiers(job):
+            if fraction is not None and self._shared_nodes[kind]:
+                sliced = self._tightest_slice(
+                    kind, shape, fraction, hold.node if hold is not None else None
+                )
+                if sliced is not None:
+                    return [sliced]
             if job.trace.nodes == 1:
                 node = self._tightest(kind, shape, hold.node if hold is not None else None)
                 if node is not None:
@@ -561,6 +620,27 @@ class SimScheduler:
                     return node
         return None
 
+    def _tightest_slice(
+        self, kind: Capacity, shape: NodeShape, fraction: float, avoid: str | None
+    ) -> SimNode | None:
+        """The shared node of this kind whose GPU a job asking ``fraction`` of one fills most
+        tightly (a partly used GPU before an empty one); None when none has a slice for it."""
+        best: tuple[Slot, SimNode] | None = None
+        for node in self._shared_nodes[kind].values():
+            shared = node.shared
+            assert shared is not None
+            if node.name == avoid or (node.free == 0 and not shared.has_partial()):
+                continue
+            if not shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib):
+                continue
+            slices = shared.sharing.slices_for(fraction)
+            if slices is None:
+                continue
+            slot = shared.slot(slices)
+            if slot is not None and slot.better_than(best[0] if best is not None else None):
+                best = (slot, node)
+        return best[1] if best is not None else None
+
     def _tightest_many(self, kind: Capacity, shape: NodeShape, count: int) -> list[SimNode] | None:
         """``count`` distinct nodes of this kind and of one locality that each hold one node of
         ``shape``, the tightest first; None when no locality has that many."""
@@ -580,10 +660,15 @@ class SimScheduler:
             for seq in [s for s, h in self._holds.items() if h.for_job == job.seq]:
                 del self._holds[seq]
         per_node = job.gpus_per_node
+        job.slice = None
         for node in nodes:
             self._count_idle(node, now)
             self._index_remove(node)
-            node.free -= per_node
+            if node.shared is not None:
+                job.slice = self._take(node.shared, job, per_node)
+                node.free = node.shared.free_gpus()
+            else:
+                node.free -= per_node
             node.jobs[job.seq] = job
             node.util += per_node * job.trace.utilisation
             node.empty_since = None
@@ -591,7 +676,12 @@ class SimScheduler:
             node.version += 1
             self._index_add(node)
         node = nodes[0]
-        self.busy_gpus[node.kind] += job.gpus
+        if job.slice is not None:
+            self.busy_slices[node.kind] += job.slice
+            job.share = float(job.slice)
+        else:
+            self.busy_gpus[node.kind] += job.gpus
+            job.share = float(job.gpus)
         job.waited += now - job.pending_since
         if job.first_start is None:
             job.first_start = now
@@ -605,12 +695,19 @@ class SimScheduler:
     def _detach(self, job: SimJob, now: float) -> None:
         assert job.node is not None
         per_node = job.gpus_per_node
-        self.busy_gpus[job.node.kind] -= job.gpus
+        if job.slice is not None:
+            self.busy_slices[job.node.kind] -= job.slice
+        else:
+            self.busy_gpus[job.node.kind] -= job.gpus
         for node in job.members:
             self._count_idle(node, now)
             self._index_remove(node)
             del node.jobs[job.seq]
-            node.free += per_node
+            if node.shared is not None:
+                node.shared.release(job.seq)
+                node.free = node.shared.free_gpus()
+            else:
+                node.free += per_node
             node.util -= per_node * job.trace.utilisation
             if not node.jobs:
                 node.util = 0.0
@@ -621,9 +718,34 @@ class SimScheduler:
                 self._index_add(node)
         job.members = []
         job.node = None
+        job.slice = None
         job.run_start = None
         job.run_id += 1
         self._dirty = True
+
+    def _take(self, shared: SharedGpus, job: SimJob, per_node: int) -> Fraction | None:
+        """Give ``job`` its room on a shared node: a slice of one GPU when it asks for a fraction
+        the sharing covers (returned, in GPUs), else ``per_node`` whole GPUs (None)."""
+        fraction = job.trace.gpu_fraction
+        slices = shared.sharing.slices_for(fraction) if fraction is not None else None
+        if slices is not None and shared.slot(slices) is not None:
+            shared.place(job.seq, slices)
+            return Fraction(slices, shared.units)
+        shared.place_whole(job.seq, per_node)
+        return None
+
+    def fragmentation(self) -> tuple[Fraction, int]:
+        """Now: the free slices stranded on partly used shared GPUs (in GPUs), and the GPUs
+        with nothing on them across every node that takes work."""
+        stranded = Fraction(0)
+        free = 0
+        for node in self.nodes.values():
+            if node.leaving:
+                continue
+            free += node.free
+            if node.shared is not None:
+                stranded += node.shared.stranded()
+        return stranded, free
 
     def _account_run(self, job: SimJob, node: SimNode, now: float) -> float:
         """Count a run that stops now with all its work kept (end of replay, or a checkpoint
@@ -638,9 +760,9 @@ class SimScheduler:
             work = done * interval + min(interval, elapsed - done * cycle)
             self.accounting.checkpoints += done
         work = min(work, job.trace.duration - job.progress)
-        self.accounting.allocate(job, node, job.gpus * elapsed)
-        self.accounting.useful_gpu_s += job.gpus * work
-        self.accounting.checkpoint_gpu_s += job.gpus * (elapsed - work)
+        self.accounting.allocate(job, node, job.share * elapsed)
+        self.accounting.useful_gpu_s += job.share * work
+        self.accounting.checkpoint_gpu_s += job.share * (elapsed - work)
         return work
 
     def _interrupt(self, job: SimJob, when: float, moved: bool = False) -> None:
@@ -657,11 +779,11 @@ class SimScheduler:
             saved = min(done * interval, job.trace.duration - job.progress)
             lost = elapsed - done * cycle
             self.accounting.checkpoints += done
-            self.accounting.checkpoint_gpu_s += job.gpus * done * job.trace.checkpoint_duration_s
-        self.accounting.allocate(job, node, job.gpus * elapsed)
-        self.accounting.useful_gpu_s += job.gpus * saved
-        self.accounting.lost_gpu_s += job.gpus * lost
-        job.lost_gpu_s += job.gpus * lost
+            self.accounting.checkpoint_gpu_s += job.share * done * job.trace.checkpoint_duration_s
+        self.accounting.allocate(job, node, job.share * elapsed)
+        self.accounting.useful_gpu_s += job.share * saved
+        self.accounting.lost_gpu_s += job.share * lost
+        job.lost_gpu_s += job.share * lost
         job.progress += saved
         if moved:
             self.accounting.migrations += 1
@@ -684,6 +806,7 @@ class SimScheduler:
             trace.gpu_models,
             trace.min_gpu_memory_gib,
             trace.team,
+            trace.gpu_fraction if self.shares else None,
         )
         heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
         self._demand_cache = None
@@ -710,7 +833,9 @@ class SimScheduler:
         if node.kind is not Capacity.ONPREM:
             return
         if node.idle_since is not None and node.jobs and now > node.idle_counted_to:
-            allocated = sum(j.gpus_per_node for j in node.jobs.values())
+            allocated = sum(
+                j.gpus_per_node if j.slice is None else j.slice for j in node.jobs.values()
+            )
             self.accounting.onprem_idle_gpu_s += allocated * (now - node.idle_counted_to)
         node.idle_counted_to = max(node.idle_counted_to, now)
 
@@ -726,7 +851,7 @@ class SimScheduler:
 
 def _bucket_order(
     item: tuple[BucketKey, object],
-) -> tuple[int, float, bool, int, tuple[str, ...], float, str]:
-    (gpus, interval, high, nodes, models, memory, team), _ = item
+) -> tuple[int, float, bool, int, tuple[str, ...], float, str, float]:
+    (gpus, interval, high, nodes, models, memory, team, fraction), _ = item
     order = (gpus, -1.0 if interval is None else interval, high, nodes, models, memory or 0.0)
-    return (*order, team or "")
+    return (*order, team or "", 1.0 if fraction is None else fraction)

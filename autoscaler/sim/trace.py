@@ -38,7 +38,10 @@ class TraceJob:
     ``gpus // nodes`` on each, of one of ``gpu_models`` (any when empty). ``utilisation`` is
     the trace's ``gpu_fraction`` (the share of a GPU the job asked for; 1 when the trace gives
     none): the traces record no measured utilisation, so it stands in for it, for the whole
-    run, wherever the simulator judges a node idle (drains, on-prem allocated-idle GPU-hours)."""
+    run, wherever the simulator judges a node idle (drains, on-prem allocated-idle GPU-hours).
+    ``gpu_fraction`` is the same share kept as a request, for a one-GPU job asking for less than a
+    whole GPU (0 < f < 1; None otherwise): where GPUs may be shared the job takes a slice of one
+    (autoscaler/model/sharing.py), elsewhere a whole GPU as before."""
 
     id: str
     submit: float
@@ -53,6 +56,7 @@ class TraceJob:
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
     team: str | None = None
+    gpu_fraction: float | None = None
     shape: NodeShape = field(init=False)
 
     def __post_init__(self) -> None:
@@ -281,6 +285,7 @@ def load_trace(
                     raw.user_group,
                     raw.utilisation,
                 ),
+                raw.utilisation if raw.gpus == 1 and raw.utilisation < 1 else None,
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.id))
