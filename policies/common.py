@@ -36,7 +36,9 @@ class Need:
 
     ``gpus_per_job`` is each job's total; a job of several ``nodes`` needs ``gpus_per_node`` on
     each of that many distinct nodes at once. ``gpu_models`` (any when empty) and
-    ``min_gpu_memory_gib`` say which GPUs it accepts.
+    ``min_gpu_memory_gib`` say which GPUs it accepts. ``team`` is whose jobs they are: where
+    the config names teams, jobs of different teams are never one need, so every launch is
+    bought for one team and the guard can hold that team's limits over it.
     """
 
     gpus_per_job: int
@@ -46,6 +48,7 @@ class Need:
     nodes: int = 1
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
+    team: str | None = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -222,6 +225,7 @@ def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need
             group.gpu_models,
             group.min_gpu_memory_gib,
             tiers,
+            group.team,
         )
         interval = group.checkpoint_interval_s if Capacity.SPOT in tiers else None
         need = merged.get(key)
@@ -234,6 +238,7 @@ def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need
                 group.nodes,
                 group.gpu_models,
                 group.min_gpu_memory_gib,
+                group.team,
             )
         else:
             need.jobs += group.jobs
@@ -390,9 +395,11 @@ def pack(
     gets a gang of one instance per node in one pool. Returns one launch request per pool and
     shape, carrying that shape so nothing downstream can substitute one that does not fit.
     Fallbacks are kept only when they host the shape: among the offers, or among ``pools``
-    when given (a policy whose fallbacks reach beyond its offers)."""
-    bins: dict[tuple[str, NodeShape, int], _Bins] = {}
-    fallbacks: dict[tuple[str, NodeShape, int], Sequence[str]] = {}
+    when given (a policy whose fallbacks reach beyond its offers). Instances are bought per
+    team (the needs' ``team``): a team's jobs fill only room in its own team's instances, so
+    each launch is one team's; without teams every need's team is None and nothing changes."""
+    bins: dict[tuple[str, NodeShape, int, str | None], _Bins] = {}
+    fallbacks: dict[tuple[str, NodeShape, int, str | None], Sequence[str]] = {}
     verdicts: dict[tuple[str, NodeShape], bool] = {}
 
     def fits(need: Need, pool: PoolView) -> bool:
@@ -410,7 +417,7 @@ def pack(
         size = need.gpus_per_node
         if per_job == 1:
             for entry in sorted(bins.values(), key=lambda b: b.offer.cost_per_gpu_hour):
-                if entry.offer.name not in allowed:
+                if entry.offer.name not in allowed or entry.need.team != need.team:
                     continue
                 still: list[int] = []
                 for free in entry.partial:
@@ -421,7 +428,7 @@ def pack(
                         still.append(rest)
                 entry.partial = still
         used: dict[str, int] = {}
-        for (name, _, _), entry in bins.items():
+        for (name, _, _, _), entry in bins.items():
             used[name] = used.get(name, 0) + entry.count
         room = {o.name: o.room - used.get(o.name, 0) for o in offers}
         while remaining > 0:
@@ -450,7 +457,7 @@ def pack(
             hosted = min(remaining, (k // per_job) * jobs_each)
             remaining -= hosted
             room[chosen.name] -= k
-            key = (chosen.name, need.shape, per_job)
+            key = (chosen.name, need.shape, per_job, need.team)
             entry = bins.setdefault(key, _Bins(chosen, need))
             entry.count += k
             if per_job == 1:
@@ -473,14 +480,16 @@ def pack(
         LaunchRequest(
             pool=name,
             count=entry.count,
-            fallbacks=tuple(fallbacks.get((name, shape, gang), ())),
+            fallbacks=tuple(fallbacks.get((name, shape, gang, team), ())),
             reason=f"host pending jobs of {shape.describe()}"
             + (f" on each of {gang} nodes" if gang > 1 else ""),
             shape=shape,
             gang_size=gang,
+            team=team,
         )
-        for (name, shape, gang), entry in sorted(
-            bins.items(), key=lambda item: (item[0][0], -item[0][1].gpus, item[0][2])
+        for (name, shape, gang, team), entry in sorted(
+            bins.items(),
+            key=lambda item: (item[0][0], -item[0][1].gpus, item[0][2], item[0][3] or ""),
         )
         if entry.count > 0
     ]

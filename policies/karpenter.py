@@ -117,7 +117,8 @@ from policies.peers_common import (
 
 CapacityType = Literal["spot", "on-demand"]
 # Pods share a node claim only when they ask for the same GPUs and capacity types.
-_ClaimKey = tuple[tuple[str, ...], float | None, tuple[Capacity, ...]]
+# GPU models, memory per GPU, tiers, and the team the claim is bought for (None: no teams).
+_ClaimKey = tuple[tuple[str, ...], float | None, tuple[Capacity, ...], str | None]
 
 
 class KarpenterParams(BaseModel):
@@ -320,7 +321,7 @@ class KarpenterPolicy:
             pools, spot, on_demand = self._nodepool(need, market)
             if not pools:
                 continue
-            key: _ClaimKey = (need.gpu_models, need.min_gpu_memory_gib, need.tiers)
+            key: _ClaimKey = (need.gpu_models, need.min_gpu_memory_gib, need.tiers, need.team)
             mine = [c for c in claims if c.key == key]
             size = need.gpus_per_node
             if need.nodes == 1:
@@ -356,17 +357,17 @@ class KarpenterPolicy:
         return self._launch(claims, market)
 
     def _launch(self, claims: list[_Claim], market: _Market) -> list[LaunchRequest]:
-        counts: dict[tuple[str, NodeShape, tuple[str, ...]], int] = {}
+        counts: dict[tuple[str, NodeShape, tuple[str, ...], str | None], int] = {}
         for claim in claims:
             ordered = self._preference(claim.candidates, claim.spot, claim.on_demand, market)
             chosen = next((p for p in ordered if market.room[p.name] > 0), None)
             if chosen is None:
                 continue
             market.room[chosen.name] -= 1
-            models, memory, _ = claim.key
+            models, memory, _, team = claim.key
             shape = combined_shape(claim.used, models, memory)
             fallbacks = tuple(p.name for p in ordered if p.name != chosen.name)
-            slot = (chosen.name, shape, fallbacks)
+            slot = (chosen.name, shape, fallbacks, team)
             counts[slot] = counts.get(slot, 0) + 1
         return [
             LaunchRequest(
@@ -375,8 +376,9 @@ class KarpenterPolicy:
                 fallbacks=fallbacks,
                 reason=f"node claim for pending pods of {shape.describe()}",
                 shape=shape,
+                team=team,
             )
-            for (name, shape, fallbacks), count in counts.items()
+            for (name, shape, fallbacks, team), count in counts.items()
         ]
 
     def _preference(

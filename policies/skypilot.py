@@ -130,7 +130,7 @@ class SkyPilotManagedPolicy:
         room = {p.name: headroom(view, p) for p in view.pools}
         blocked = self._blocked_regions(view)
         order = pool_order(view)
-        counts: dict[tuple[str, NodeShape, int, tuple[str, ...]], int] = {}
+        counts: dict[tuple[str, NodeShape, int, tuple[str, ...], str | None], int] = {}
         for need in needs:
             candidates = [p for p in view.pools if usable(p) and self._asks_for(need, p)]
             if not candidates:
@@ -149,7 +149,7 @@ class SkyPilotManagedPolicy:
                     break
                 room[chosen.name] -= need.nodes
                 fallbacks = tuple(p.name for p in _failover(chosen, candidates, blocked, order))
-                key = (chosen.name, need.shape, need.nodes, fallbacks)
+                key = (chosen.name, need.shape, need.nodes, fallbacks, need.team)
                 counts[key] = counts.get(key, 0) + need.nodes
         return [
             LaunchRequest(
@@ -160,8 +160,9 @@ class SkyPilotManagedPolicy:
                 f"with {shape.describe()}",
                 shape=shape,
                 gang_size=gang,
+                team=team,
             )
-            for (name, shape, gang, fallbacks), count in counts.items()
+            for (name, shape, gang, fallbacks, team), count in counts.items()
         ]
 
     def _asks_for(self, need: Need, pool: PoolView) -> bool:

@@ -77,6 +77,11 @@ class SlurmPowerSaveParams(BaseModel):
     )
 
 
+# GPU models, memory per GPU, and the team the node is resumed for (None: no teams): a node is
+# shared only by jobs of one key, so each launch is one team's.
+_Key = tuple[tuple[str, ...], float | None, str | None]
+
+
 @dataclass
 class _Resumed:
     """A powered-down cloud node the scheduler has allocated jobs to in this pass."""
@@ -84,7 +89,7 @@ class _Resumed:
     pool: str
     gpus: int
     used: int
-    key: tuple[tuple[str, ...], float | None]
+    key: _Key
 
 
 class SlurmPowerSavePolicy:
@@ -129,7 +134,7 @@ class SlurmPowerSavePolicy:
             )
             if not pools:
                 continue
-            key = (need.gpu_models, need.min_gpu_memory_gib)
+            key = (need.gpu_models, need.min_gpu_memory_gib, need.team)
             allowed = {p.name for p in pools}
             if need.nodes == 1:
                 self._allocate_singles(need, key, pools, allowed, weight, room, resumed, limit)
@@ -157,13 +162,13 @@ class SlurmPowerSavePolicy:
                 for node in chosen + fresh:
                     node.used += size
                 resumed.extend(fresh)
-        counts: dict[tuple[str, NodeShape], int] = {}
+        counts: dict[tuple[str, NodeShape, str | None], int] = {}
         for node in resumed:
-            models, memory = node.key
+            models, memory, team = node.key
             shape = combined_shape(node.used, models, memory)
-            counts[(node.pool, shape)] = counts.get((node.pool, shape), 0) + 1
+            counts[(node.pool, shape, team)] = counts.get((node.pool, shape, team), 0) + 1
         launches = []
-        for (name, shape), count in counts.items():
+        for (name, shape, team), count in counts.items():
             spot = by_name[name].pool.is_spot
             # A spot node holds only jobs of a partition with both markets; an on-demand one may
             # hold jobs that must stay off spot.
@@ -182,6 +187,7 @@ class SlurmPowerSavePolicy:
                     fallbacks=fallbacks,
                     reason=f"ResumeProgram: nodes allocated to pending jobs, {shape.describe()}",
                     shape=shape,
+                    team=team,
                 )
             )
         return launches
@@ -189,7 +195,7 @@ class SlurmPowerSavePolicy:
     @staticmethod
     def _allocate_singles(
         need: Need,
-        key: tuple[tuple[str, ...], float | None],
+        key: _Key,
         pools: Sequence[PoolView],
         allowed: set[str],
         weight: dict[str, tuple[int, int]],

@@ -514,6 +514,8 @@ class LaunchRequest(Frozen):
     as many instances as hold the same number of such nodes. Without a shape, a whole instance
     of the first pool is the shape. ``gang_size`` > 1 launches the instances in groups of that
     many that come up together, close together, or not at all (a multi-node job's nodes).
+    ``team`` is whom the instances are bought for: the guard holds that team's burst limits and
+    budget over them, and the instance table remembers it (None: no team's, no team limit).
     """
 
     pool: str
@@ -522,6 +524,9 @@ class LaunchRequest(Frozen):
     reason: str = ""
     shape: NodeShape | None = None
     gang_size: PositiveInt = 1
+    team: str | None = Field(
+        None, max_length=253, description="the team the instances are bought for (teams.py)"
+    )
 
     @model_validator(mode="after")
     def _whole_gangs(self) -> LaunchRequest:
