@@ -95,7 +95,8 @@ class GpuSharing(Frozen):
         if wanted <= 0 or wanted >= 1:
             return None
         if self.mode is SharingMode.TIME_SLICING:
-            return max(1, math.ceil(wanted * self.units))
+            slices = max(1, math.ceil(wanted * self.units))
+            return slices if slices < self.units else None
         covering = [c for c in self.compute_slices() if Fraction(c, MIG_COMPUTE_SLICES) >= wanted]
         if not covering or min(covering) >= MIG_COMPUTE_SLICES:
             return None
