@@ -91,7 +91,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
         ("UPDATE instance_costs SET pool = x'00ff'", "pool: Input should be a valid string"),
         ("UPDATE instance_costs SET month = '2024-13'", "month: String should match"),
         (version("abc"), "schema_version is 'abc', not a version number"),
-        (version("3"), "newer than this version of gpu-autoscaler reads"),
+        (version("99"), "newer than this version of gpu-autoscaler reads"),
         ("ALTER TABLE ticks DROP COLUMN clamps", "no such column: clamps"),
     ],
 )

@@ -91,6 +91,14 @@ def add(commands: Subcommands) -> None:
         metavar="FILE",
         help="with --journal: put this scenario's replay of the policy beside the real spend",
     )
+    report.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --journal: the controller's config, to set each team's quota use beside its "
+        "guarantee (the journal does not hold the config)",
+    )
     report.set_defaults(run=_report)
 
 
@@ -117,10 +125,12 @@ def _report(args: argparse.Namespace) -> int:
             args.compare_scenario,
             policies[0] if policies else None,
             show_progress=not args.no_progress,
+            config_path=args.config,
         )
-    if args.since or args.until or args.compare_scenario:
+    if args.since or args.until or args.compare_scenario or args.config:
         raise InputError(
-            "report", "--since, --until and --compare-scenario go with a journal (--journal)"
+            "report",
+            "--since, --until, --compare-scenario and --config go with a journal (--journal)",
         )
     from autoscaler.sim.scenario import default_scenario_path, load_scenario
 

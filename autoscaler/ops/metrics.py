@@ -56,6 +56,34 @@ class Metrics:
             ["team"],
             registry=r,
         )
+        # who pays for what (``autoscaler.fleet.team_usage``): pool "on-prem" for on-prem
+        # nodes; "(idle)", "(unknown)" and "unassigned" are lines of their own
+        self.team_gpu_seconds = Counter(
+            "gpu_autoscaler_team_gpu_seconds",
+            "GPU-seconds of billed cloud instances and on-prem nodes, by the team whose jobs "
+            "held them ((idle): no job; (unknown): the jobs were not read), from the journal",
+            ["team", "pool"],
+            registry=r,
+        )
+        self.team_cost = Counter(
+            "gpu_autoscaler_team_cost_usd",
+            "Dollars accrued by billed cloud instances, split between the teams by the GPU share "
+            "their jobs held, from the journal",
+            ["team", "pool"],
+            registry=r,
+        )
+        self.team_onprem_gpus = Gauge(
+            "gpu_autoscaler_team_onprem_gpus",
+            "On-prem GPUs the team's jobs hold now (no series while the jobs are not known)",
+            ["team"],
+            registry=r,
+        )
+        self.team_guaranteed_gpus = Gauge(
+            "gpu_autoscaler_team_guaranteed_gpus",
+            "On-prem GPUs the config guarantees the team",
+            ["team"],
+            registry=r,
+        )
         self.unhostable_jobs = Gauge(
             "gpu_autoscaler_unhostable_jobs",
             "pending jobs no configured pool or on-prem node can ever host, by what they ask for",

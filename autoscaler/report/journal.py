@@ -32,19 +32,22 @@ from typing import Any, Protocol
 
 from autoscaler.model.errors import InputError
 from autoscaler.model.secrets import read_secret_env
+from autoscaler.model.teams import TeamsConfig
 from autoscaler.ops.journal import rows
-from autoscaler.ops.journal.base import IdleSpan, SpendRow
+from autoscaler.ops.journal.base import IdleSpan, SpendRow, TeamSpan
 from autoscaler.ops.journal.rows import (
     ActionFigures,
     CostsRow,
     IdleRow,
     RowError,
+    TeamUsageRow,
     TickFigures,
     Time1,
     tick_figure_columns,
 )
 from autoscaler.ops.journal.schema import SCHEMA_VERSION
 from autoscaler.report.build import HOUR, MAX_POINTS, percentiles
+from autoscaler.report.journal_teams import TeamTotals, team_lines, team_totals
 from autoscaler.report.model import (
     GpuHours,
     JournalFacts,
@@ -55,6 +58,7 @@ from autoscaler.report.model import (
     PoolRow,
     Report,
     Series,
+    TeamResult,
     WindowInfo,
 )
 
@@ -68,6 +72,8 @@ NOTHING_YET = "The journal has nothing yet: no tick or spend is recorded in the 
 TOP_IDLE_NODES = 5
 # The schema version that first recorded on-prem GPUs allocated on idle nodes.
 ONPREM_IDLE_SINCE_VERSION = 2
+# The schema version that first split what each node cost and held between the teams.
+TEAM_USAGE_SINCE_VERSION = 3
 
 
 # ---------------------------------------------------------------- reading
@@ -114,6 +120,7 @@ class Records:
     spend: list[SpendRow]
     calls_cut_short: int
     onprem_idle: list[IdleSpan] = field(default_factory=list)
+    team_usage: list[TeamSpan] = field(default_factory=list)
 
 
 class JournalReader:
@@ -139,7 +146,22 @@ class JournalReader:
                 spend=self._spend(low, high),
                 calls_cut_short=self._calls_cut_short(low, high),
                 onprem_idle=self._onprem_idle(low, high, version),
+                team_usage=self._team_usage(low, high, version),
             )
+
+    def _team_usage(self, low: float, high: float, version: int) -> list[TeamSpan]:
+        """Per team, place and day; a journal older than version 3 has none."""
+        if version < TEAM_USAGE_SINCE_VERSION:
+            return []
+        found = self._parsed(
+            TeamUsageRow,
+            "team_usage",
+            f"SELECT {rows.columns(TeamUsageRow)} FROM team_usage "
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at, team, pool",
+            (low, high),
+        )
+        return [TeamSpan(*r) for r in found]
 
     def _ticks(self, low: float, high: float, version: int) -> list[Tick]:
         found = self._parsed(
@@ -475,6 +497,38 @@ def _timeline(ticks: Sequence[Tick], spend: Spend, start: float) -> PolicyTimeli
     )
 
 
+def journal_teams(
+    records: Records,
+    spend: Spend,
+    since: float | None,
+    until: float | None,
+    teams: TeamsConfig | None,
+) -> tuple[list[TeamResult], TeamTotals | None]:
+    """The Teams table: each team's on-prem and cloud GPU-hours and its cents of the cost,
+    which add up to the policy's cost to the cent (``journal_teams``)."""
+    if not records.team_usage:
+        return [], None
+    totals = team_totals(
+        records.team_usage, {p: usd for p, (usd, _h) in spend.by("pool").items()}, since, until
+    )
+    return [
+        TeamResult(
+            team=team,
+            jobs=0,
+            wait_s=None,
+            gpu_hours_onprem=round(totals.gpu_hours(team, onprem=True), 4),
+            gpu_hours_cloud=round(totals.gpu_hours(team, onprem=False), 4),
+            cost_cents=totals.team_cents(team),
+            guaranteed_gpus=(
+                teams.teams[team].guaranteed_gpus
+                if teams is not None and team in teams.teams
+                else None
+            ),
+        )
+        for team in totals.teams
+    ], totals
+
+
 def journal_policy(records: Records, spend: Spend, start: float) -> PolicyResult:
     ticks, actions = records.ticks, records.actions
     usd = spend.usd
@@ -601,6 +655,14 @@ def _assumptions(since: float | None, until: float | None) -> list[str]:
         "summed per node and day, shared out by time when --since/--until cut a day.",
         "Hours stopped by a budget cap run from each tick the guard clamped on the rule to the "
         "next tick.",
+        "Teams: each tick, every billed instance's accrued cost and GPU-time, and every on-prem "
+        "node's GPUs times the time since the previous tick, were split between the teams by "
+        "the GPU share their jobs held on it; (idle) is what no job held, unassigned jobs that "
+        "name no team, and (unknown) time whose jobs were not read (no teams in the config, "
+        "the scheduler failed, or spend journaled before schema version 3). Each pool's cost "
+        "is split between the teams in whole cents by the largest remainder, so the teams add "
+        "up to the cost to the cent. Quota use is the on-prem GPUs a team held on average over "
+        "the period; guarantees come from the config given with --config.",
     ]
     if since is not None or until is not None:
         lines.append(
@@ -659,13 +721,23 @@ def _period(records: Records, since: float | None, until: float | None) -> tuple
 
 
 def build_journal_report(
-    records: Records, since: float | None = None, until: float | None = None
+    records: Records,
+    since: float | None = None,
+    until: float | None = None,
+    teams: TeamsConfig | None = None,
 ) -> Report:
+    """``teams``: the controller's config's teams, for their guarantees (the journal does not
+    hold the config)."""
     start, end = _period(records, since, until)
     spend = Spend([(row, _share(row, since, until)) for row in records.spend], since, until)
     policy = journal_policy(records, spend, start)
+    team_rows, totals = journal_teams(records, spend, since, until, teams)
+    policy = policy.model_copy(update={"teams": team_rows})
     facts = _facts(records, spend, since, until)
     hours = (end - start) / HOUR
+    findings = _findings(policy, facts, hours)
+    if totals is not None:
+        findings += team_lines(totals, end - start, teams)
     return Report(
         kind="journal",
         journal=facts,
@@ -693,7 +765,7 @@ def build_journal_report(
         lower_bounds=[],
         policies=[policy],
         default_policy=POLICY,
-        findings=_findings(policy, facts, hours),
+        findings=findings,
     )
 
 
@@ -761,6 +833,7 @@ def run_journal_report(
     compare_scenario: Path | None = None,
     policy_name: str | None = None,
     show_progress: bool = False,
+    config_path: Path | None = None,
 ) -> int:
     """``gpu-autoscaler report --journal ...``: write report.json/md/html and print a summary.
     ``show_progress`` shows the ``compare_scenario`` replay as it runs."""
@@ -771,8 +844,13 @@ def run_journal_report(
     until = parse_moment(until_text, "--until")
     if since is not None and until is not None and until < since:
         raise InputError("--until", f"{until_text} is before --since {since_text}")
+    teams = None
+    if config_path is not None:
+        from autoscaler.model.config import load_config
+
+        teams = load_config(config_path).teams
     records = read_journal(path, postgres_env, since, until)
-    report = build_journal_report(records, since, until)
+    report = build_journal_report(records, since, until, teams)
     if compare_scenario is not None:
         report = with_prediction(report, compare_scenario, policy_name, show_progress)
     report = publishable(report)

@@ -26,6 +26,7 @@ from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.instances import InstanceTable, is_billed
 from autoscaler.fleet.memory import FleetMemory, FleetUpdate
+from autoscaler.fleet.team_usage import TickHolders, tick_holders
 from autoscaler.model import DemandGroup, FleetView, InterruptionNotice, Plan
 from autoscaler.model.clock import Clock
 from autoscaler.model.config import ControllerConfig
@@ -245,9 +246,17 @@ class Controller:
             ),
             unhostable=unhostable,
         )
-        self._journal_tick(report, billed)
+        holders = tick_holders(observation.running, ((n.name, n.gpus) for n in view.onprem))
+        self._journal_tick(report, billed, holders)
         if self.recorder is not None:
-            self.recorder.record(observation, report, self.checkpoints.reports, self.token)
+            self.recorder.record(
+                observation,
+                report,
+                self.checkpoints.reports,
+                self.token,
+                holders,
+                self.journal.last_team_usage if self.journal is not None else None,
+            )
         return report
 
     @property
@@ -257,7 +266,7 @@ class Controller:
     @metrics.setter
     def metrics(self, metrics: Metrics | None) -> None:
         self.recorder = (
-            TickMetrics(metrics, self.config.pools, self.checkpoints.reports)
+            TickMetrics(metrics, self.config.pools, self.checkpoints.reports, self.config.teams)
             if metrics is not None
             else None
         )
@@ -302,11 +311,13 @@ class Controller:
             errors.append(str(exc))
             return None
 
-    def _journal_tick(self, report: TickReport, billed: list[Billed]) -> None:
+    def _journal_tick(self, report: TickReport, billed: list[Billed], holders: TickHolders) -> None:
+        """The tick, and what it cost split between the teams by ``holders`` (whose jobs held
+        each node's GPUs: ``autoscaler.fleet.team_usage``)."""
         if self.journal is None:
             return
         try:
-            accrued = self.journal.record_tick(self._entry(report), report.actions, billed)
+            accrued = self.journal.record_tick(self._entry(report), report.actions, billed, holders)
         except JournalError as exc:
             report.errors.append(str(exc))
             log.error("tick %d not journaled: %s", report.tick, exc)

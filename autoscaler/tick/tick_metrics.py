@@ -6,11 +6,18 @@ last tick was)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autoscaler.fleet.team_usage import (
+    MICROS_PER_USD,
+    MS_PER_S,
+    TickHolders,
+    Usage,
+    onprem_gpus_held,
+)
 from autoscaler.model import LIVE_STATES, InstanceState, Pool
-from autoscaler.model.teams import UNASSIGNED
+from autoscaler.model.teams import UNASSIGNED, TeamsConfig
 from autoscaler.ops.metrics import Metrics
 from autoscaler.ops.onprem_idle import (
     idle_allocated_gpus,
@@ -34,8 +41,20 @@ MAX_TEAM_SERIES = 500
 
 
 class TickMetrics:
-    def __init__(self, metrics: Metrics, pools: Sequence[Pool], checkpoint_reports: int) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        pools: Sequence[Pool],
+        checkpoint_reports: int,
+        teams: TeamsConfig | None = None,
+    ) -> None:
         self.metrics = metrics
+        for name, spec in sorted((teams.teams if teams is not None else {}).items())[
+            :MAX_TEAM_SERIES
+        ]:
+            metrics.team_guaranteed_gpus.labels(name).set(spec.guaranteed_gpus)
+        # the (team, pool) pairs with usage series: bounded like the teams' pending series
+        self._team_pairs: set[tuple[str, str]] = set()
         self.pools = tuple(pools)
         self._checkpoint_reports = checkpoint_reports
         self._counted_states: set[tuple[str, InstanceState]] = set()
@@ -47,9 +66,16 @@ class TickMetrics:
         self._last_at: float | None = None
 
     def record(
-        self, observation: Observation, report: TickReport, checkpoint_reports: int, token: int
+        self,
+        observation: Observation,
+        report: TickReport,
+        checkpoint_reports: int,
+        token: int,
+        holders: TickHolders | None = None,
+        team_usage: Mapping[tuple[str, str], Usage] | None = None,
     ) -> None:
         metrics = self.metrics
+        self._record_teams(holders, team_usage)
         view = report.view
         for (kind, name), up in observation.source_status.items():
             metrics.source_up.labels(kind, name).set(1 if up else 0)
@@ -109,6 +135,25 @@ class TickMetrics:
         metrics.ticks.labels(tick_outcome(report.held, report.errors)).inc()
         metrics.tick_seconds.observe(report.duration_s)
         metrics.fencing_token.set(token)
+
+    def _record_teams(
+        self, holders: TickHolders | None, usage: Mapping[tuple[str, str], Usage] | None
+    ) -> None:
+        """What each team held and was charged this tick. A scheduler may name any number of
+        teams: past ``MAX_TEAM_SERIES`` (team, pool) pairs, new pairs get no series."""
+        metrics = self.metrics
+        for (team, pool), amount in sorted((usage or {}).items()):
+            pair = (team, pool)
+            if pair not in self._team_pairs:
+                if len(self._team_pairs) >= MAX_TEAM_SERIES:
+                    continue
+                self._team_pairs.add(pair)
+            metrics.team_gpu_seconds.labels(team, pool).inc(amount.gpu_ms / MS_PER_S)
+            metrics.team_cost.labels(team, pool).inc(amount.usd_micros / MICROS_PER_USD)
+        held = onprem_gpus_held(holders) if holders is not None else None
+        metrics.team_onprem_gpus.clear()
+        for team, gpus in sorted((held or {}).items())[:MAX_TEAM_SERIES]:
+            metrics.team_onprem_gpus.labels(team).set(gpus)
 
     def _record_pools(self, report: TickReport) -> None:
         """Per-pool series from one pass over the instances (a fleet is thousands of them)."""

@@ -28,16 +28,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from autoscaler.fleet.team_usage import (
+    ONPREM,
+    TickHolders,
+    Usage,
+    gpu_ms,
+    micros,
+    split_usage,
+)
+from autoscaler.fleet.team_usage import add as add_usage
 from autoscaler.model.records import ActionRecord, LeadershipLost
 from autoscaler.ops.journal import rows
 from autoscaler.ops.journal.rows import (
     ActionsRow,
     CallsRow,
     CostsRow,
+    CostUnitsRow,
     IdleRow,
     MonthCost,
     RowError,
     Serial1,
+    TeamUsageRow,
     TicksRow,
     Time1,
     parse_rows,
@@ -65,8 +76,9 @@ COLUMNS = {
     "ticks": rows.columns(TicksRow),
     "actions": "incarnation, " + rows.columns(ActionsRow),
     "cloud_calls": rows.columns(CallsRow),
-    "instance_costs": rows.columns(CostsRow),
+    "instance_costs": rows.columns(CostsRow) + ", usd_micros, gpu_ms",
     "onprem_idle": rows.columns(IdleRow),
+    "team_usage": rows.columns(TeamUsageRow),
 }
 IDENTITY_KEY = "journal_id"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -145,6 +157,20 @@ class TickEntry:
 
 
 @dataclass(frozen=True)
+class TeamSpan:
+    """A team's GPU-milliseconds and micro-dollars at a place (a pool, or on-prem) on one day
+    (UTC), over the ticks from ``first_at`` to ``last_at``."""
+
+    team: str
+    pool: str
+    day: str
+    first_at: float
+    last_at: float
+    gpu_ms: int
+    usd_micros: int
+
+
+@dataclass(frozen=True)
 class IdleSpan:
     """A node's on-prem allocated-idle GPU-seconds on one day (UTC), counted by the ticks from
     ``first_at`` to ``last_at``."""
@@ -188,6 +214,8 @@ class Journal:
         # When the last tick this process recorded was: the start of the next tick's interval
         # for on-prem idle GPU-seconds (None: no interval yet, so nothing is counted).
         self._last_tick_at: float | None = None
+        # The last tick's shares per (team, place): what the metrics count (GPU-ms, micro-$).
+        self.last_team_usage: dict[tuple[str, str], Usage] = {}
         self._month: str | None = None
         self._month_usd = 0.0
         self._file = file
@@ -415,12 +443,21 @@ class Journal:
             )
 
     def record_tick(
-        self, entry: TickEntry, actions: Sequence[ActionRecord], billed: Sequence[Billed]
+        self,
+        entry: TickEntry,
+        actions: Sequence[ActionRecord],
+        billed: Sequence[Billed],
+        held: TickHolders | None = None,
     ) -> dict[str, float]:
         """The tick, its actions and the cost accrued since the last tick, in one transaction;
         returns the dollars accrued per pool. A figure that is not a finite number fails the
-        whole tick's record (a NaN or infinite price would poison the month's sum for good)."""
+        whole tick's record (a NaN or infinite price would poison the month's sum for good).
+        ``held`` says whose jobs held each node's GPUs: the accrued cost and GPU-time, and the
+        on-prem nodes' GPU-time since the last tick, are split between the teams by it
+        (``team_usage``); without it (None) the cloud's goes to the unknown line."""
+        self.last_team_usage = {}  # a tick not recorded counts nothing
         self._finite(*_tick_figures(entry, actions, billed))
+        usage: dict[tuple[str, str], Usage] = {}
         idle = self._idle_seconds(entry)
         idle_total = None if idle is None else math.fsum(gpu_s for _, gpu_s in idle)
         accrued: dict[str, float] = {}
@@ -470,11 +507,51 @@ class Journal:
                         action.lost_gpu_s,
                     ),
                 )
-            self._accrue(billed, entry.at, month, accrued)
+            firsts = self._accrue(billed, entry.at, month, accrued, held, usage)
+            self._attribute_onprem(held, entry.at, usage)
+            self._accrue_teams(usage, firsts, entry.at)
             self._accrue_idle(idle or [], entry.at)
         self._note_month_spend(month, sum(accrued.values()))
         self._last_tick_at = entry.at
+        self.last_team_usage = usage
         return accrued
+
+    def _attribute_onprem(
+        self, held: TickHolders | None, now: float, usage: dict[tuple[str, str], Usage]
+    ) -> None:
+        """Each on-prem node's GPUs times the time since the previous tick this process
+        recorded (none on its first), split between the teams that held them."""
+        if held is None or self._last_tick_at is None:
+            return
+        seconds = max(0.0, now - self._last_tick_at)
+        for node in held.onprem:
+            amount = Usage(gpu_ms(node.gpus, seconds), 0)
+            add_usage(usage, ONPREM, split_usage(amount, node.gpus, node.holders))
+
+    def _accrue_teams(
+        self, usage: dict[tuple[str, str], Usage], firsts: dict[str, float], now: float
+    ) -> None:
+        """One upsert per team, place and day, as one batch."""
+        day = day_of(now)
+        previous = self._last_tick_at if self._last_tick_at is not None else now
+        pending = [
+            (team, place, day, min(now, firsts.get(place, previous)), now, u.gpu_ms, u.usd_micros)
+            for (team, place), u in sorted(usage.items())
+            if u.gpu_ms or u.usd_micros
+        ]
+        if pending:
+            self._exec_many(
+                "INSERT INTO team_usage (team, pool, day, first_at, last_at, gpu_ms, usd_micros) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (team, pool, day) DO UPDATE SET "
+                "first_at = CASE WHEN excluded.first_at < team_usage.first_at "
+                "THEN excluded.first_at ELSE team_usage.first_at END, "
+                "last_at = CASE WHEN excluded.last_at > team_usage.last_at "
+                "THEN excluded.last_at ELSE team_usage.last_at END, "
+                "gpu_ms = team_usage.gpu_ms + excluded.gpu_ms, "
+                "usd_micros = team_usage.usd_micros + excluded.usd_micros",
+                pending,
+            )
 
     def _idle_seconds(self, entry: TickEntry) -> list[tuple[IdleNode, float]] | None:
         """Each idle node's GPU-seconds since the previous tick this process recorded (None:
@@ -526,16 +603,30 @@ class Journal:
         return since
 
     def _accrue(
-        self, billed: Sequence[Billed], now: float, month: str, accrued: dict[str, float]
-    ) -> None:
+        self,
+        billed: Sequence[Billed],
+        now: float,
+        month: str,
+        accrued: dict[str, float],
+        held: TickHolders | None,
+        usage: dict[tuple[str, str], Usage],
+    ) -> dict[str, float]:
         """One upsert per instance and month, sent as one batch: a fleet of ten thousand
-        instances is one statement's worth of round trips per tick."""
+        instances is one statement's worth of round trips per tick. Each instance's accrual
+        is also counted in whole units and split between the teams into ``usage``; returns
+        the earliest time billed from, per pool."""
         pending = []
+        firsts: dict[str, float] = {}
         for node in billed:
             since = self._billed_since(node, now)
-            hours = max(0.0, now - since) / 3600.0
+            seconds = max(0.0, now - since)
+            hours = seconds / 3600.0
             usd = node.price_per_hour * hours
             self._finite((f"the accrued cost of {node.instance_id}", usd))
+            amount = Usage(gpu_ms(node.gpus, seconds), micros(usd))
+            holders = held.of_instance(node.instance_id) if held is not None else None
+            add_usage(usage, node.pool, split_usage(amount, node.gpus, holders))
+            firsts[node.pool] = min(firsts.get(node.pool, since), since)
             pending.append(
                 (
                     node.instance_id,
@@ -547,20 +638,26 @@ class Journal:
                     now,
                     usd,
                     node.gpus * hours,
+                    amount.usd_micros,
+                    amount.gpu_ms,
                 )
             )
         if pending:
             self._exec_many(
                 "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, "
-                "last_at, usd, gpu_hours) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "last_at, usd, gpu_hours, usd_micros, gpu_ms) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (instance_id, month) DO UPDATE SET last_at = excluded.last_at, "
                 "usd = instance_costs.usd + excluded.usd, "
-                "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours",
+                "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours, "
+                "usd_micros = COALESCE(instance_costs.usd_micros, 0) + excluded.usd_micros, "
+                "gpu_ms = COALESCE(instance_costs.gpu_ms, 0) + excluded.gpu_ms",
                 pending,
             )
         for row in pending:
             accrued[row[3]] = accrued.get(row[3], 0.0) + row[7]
             self._last_billed[row[0]] = now
+        return firsts
 
     def forget(self, instance_ids: Sequence[str]) -> None:
         """Instances no longer billed: stop remembering when they were last billed."""
@@ -697,6 +794,28 @@ class Journal:
             _period(since, until),
         )
         return [IdleSpan(*r) for r in found]
+
+    def team_usage(self, since: float | None = None, until: float | None = None) -> list[TeamSpan]:
+        """The per team, place and day sums that overlap the period."""
+        found = self._select(
+            TeamUsageRow,
+            "team_usage",
+            f"SELECT {rows.columns(TeamUsageRow)} FROM team_usage "
+            f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
+            f"OR {rows.insane_time('last_at')} ORDER BY first_at, team, pool",
+            _period(since, until),
+        )
+        return [TeamSpan(*r) for r in found]
+
+    def cost_units(self) -> Usage:
+        """Every instance's accrued GPU-milliseconds and micro-dollars since schema version 3:
+        the fleet total the teams' cloud lines add up to."""
+        found = self._select(
+            CostUnitsRow,
+            "instance_costs",
+            f"SELECT {rows.columns(CostUnitsRow)} FROM instance_costs",
+        )
+        return Usage(sum(r.gpu_ms or 0 for r in found), sum(r.usd_micros or 0 for r in found))
 
     def close(self) -> None:
         self._db.close()

@@ -182,6 +182,32 @@ class IdleRow(NamedTuple):
     gpu_s: Seconds
 
 
+class TeamUsageRow(NamedTuple):
+    """A team's GPU-milliseconds and micro-dollars at one place (a pool, or on-prem) on one day
+    (UTC), summed over the ticks from ``first_at`` to ``last_at`` (schema version 3 on)."""
+
+    team: Name
+    pool: Name
+    day: Day
+    first_at: Time
+    last_at: Time
+    gpu_ms: Serial
+    usd_micros: Serial
+
+
+class CostUnitsRow(NamedTuple):
+    """An instance-month's accrued dollars and GPU-time in whole units (NULL: accrued before
+    schema version 3 only): what the teams' lines in ``team_usage`` add up to."""
+
+    instance_id: Name
+    month: Month
+    pool: Name
+    first_at: Time
+    last_at: Time
+    usd_micros: Serial | None
+    gpu_ms: Serial | None
+
+
 class CallsRow(NamedTuple):
     request_id: Name
     kind: Name
@@ -265,7 +291,7 @@ def _describe(exc: ValidationError, row: type, table: str, rows: Sequence[Sequen
 
 
 def _key(raw: Sequence[Any], fields: tuple[str, ...]) -> str:
-    for key in ("id", "request_id", "instance_id", "node"):
+    for key in ("id", "request_id", "instance_id", "node", "team"):
         if key in fields:
             return f"{key} {_shown(raw[fields.index(key)])}"
     return "?"

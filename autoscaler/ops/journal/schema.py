@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class AddColumn(NamedTuple):
@@ -25,6 +25,14 @@ MIGRATIONS: dict[int, tuple[AddColumn, ...]] = {
     # 2: on-prem GPUs allocated on nodes that read idle, GPU-seconds per tick (NULL: not known,
     # and every tick written before version 2) and per node and day (the onprem_idle table)
     2: (AddColumn("ticks", "onprem_idle_gpu_s", "DOUBLE PRECISION"),),
+    # 3: who pays for what (``autoscaler.fleet.team_usage``): each instance's accrued dollars
+    # and GPU-time also in whole units (micro-dollars, GPU-milliseconds; NULL before version 3,
+    # counted from the first tick after it), split between the teams in the team_usage table,
+    # whose lines add up to them exactly
+    3: (
+        AddColumn("instance_costs", "usd_micros", "BIGINT"),
+        AddColumn("instance_costs", "gpu_ms", "BIGINT"),
+    ),
 }
 
 TABLES = (
@@ -91,6 +99,8 @@ TABLES = (
         last_at DOUBLE PRECISION NOT NULL,
         usd DOUBLE PRECISION NOT NULL,
         gpu_hours DOUBLE PRECISION NOT NULL,
+        usd_micros BIGINT,
+        gpu_ms BIGINT,
         PRIMARY KEY (instance_id, month)
     )""",
     "CREATE INDEX IF NOT EXISTS instance_costs_month ON instance_costs (month)",
@@ -101,5 +111,18 @@ TABLES = (
         last_at DOUBLE PRECISION NOT NULL,
         gpu_s DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (node, day)
+    )""",
+    # GPU-milliseconds and micro-dollars per team, place (a pool, or on-prem) and day (UTC):
+    # the teams' shares of every billed instance's and on-prem node's ticks, idle and unknown
+    # time their own lines
+    """CREATE TABLE IF NOT EXISTS team_usage (
+        team TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        day TEXT NOT NULL,
+        first_at DOUBLE PRECISION NOT NULL,
+        last_at DOUBLE PRECISION NOT NULL,
+        gpu_ms BIGINT NOT NULL,
+        usd_micros BIGINT NOT NULL,
+        PRIMARY KEY (team, pool, day)
     )""",
 )
