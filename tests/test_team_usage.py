@@ -14,6 +14,7 @@ import pytest
 from fakes import FakeCloud, FakeNodes, FakeQueue, job, pool
 from hypothesis import given
 from hypothesis import strategies as st
+from test_journal import DAY0, _idle_entry, _v1_sqlite
 from test_report_journal import report_of
 
 from autoscaler.cli import main
@@ -21,6 +22,7 @@ from autoscaler.fleet.attribution import IDLE
 from autoscaler.fleet.team_usage import (
     ONPREM,
     UNKNOWN,
+    TickHolders,
     Usage,
     split,
     split_usage,
@@ -30,7 +32,7 @@ from autoscaler.model import OnPremNode, Placement
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.teams import UNASSIGNED, TeamsConfig, TeamSpec
-from autoscaler.ops.journal.base import Journal, open_sqlite
+from autoscaler.ops.journal.base import Billed, Journal, open_postgres, open_sqlite
 from autoscaler.ops.metrics import Metrics
 from autoscaler.report.journal import build_journal_report, read_journal
 from autoscaler.spi.sources import NodeUsage, RunningJob
@@ -338,3 +340,36 @@ def test_metrics_count_each_teams_gpu_seconds_and_dollars(tmp_path: Path) -> Non
     assert registry.get_sample_value("gpu_autoscaler_team_onprem_gpus", {"team": "web"}) == 3.0
     assert registry.get_sample_value("gpu_autoscaler_team_onprem_gpus", {"team": "ml"}) is None
     journal.close()
+
+
+def test_the_split_is_exact_on_postgres_too(postgres_dsn: str) -> None:
+    journal = open_postgres(postgres_dsn)
+    f = fleet(journal)
+    run_ticks(f, 40, seed=11)
+    lines = journal.team_usage()
+    fleet_units = journal.cost_units()
+    assert sum(s.usd_micros for s in lines) == fleet_units.usd_micros > 0
+    assert sum(s.gpu_ms for s in lines if s.pool != ONPREM) == fleet_units.gpu_ms
+    assert sum(s.gpu_ms for s in lines if s.pool == ONPREM) == f.onprem_gpu_ms
+    journal.close()
+
+
+def test_spend_journaled_before_version_3_is_the_unknown_line_of_the_report(
+    tmp_path: Path,
+) -> None:
+    """An upgraded journal: the old row's dollars have no team line, so the report shows them
+    as (unknown), and the teams still add up to the cost to the cent."""
+    path = tmp_path / "j.db"
+    _v1_sqlite(path)  # i-1 billed $3 in the hour before DAY0
+    journal = open_sqlite(path)
+    held = TickHolders(True, {"i-1": {"ml": 1.0}}, ())
+    node = Billed("i-1", "aws", "a", 1, 3.0, DAY0 - 3600)
+    for number in range(1, 3):
+        journal.record_tick(_idle_entry(number, DAY0 + 1800 * number, None), [], [node], held)
+    assert journal.cost_units() == Usage(3_600_000, 3_000_000)  # the hour since DAY0 only
+    journal.close()
+    report = build_journal_report(read_journal(path, None, None, None))
+    (policy,) = report.policies
+    cents = {t.team: t.cost_cents for t in policy.teams}
+    assert cents == {"ml": 300, UNKNOWN: 300}
+    assert sum(cents.values()) == round(policy.cost * 100) == 600
