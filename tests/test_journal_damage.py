@@ -90,6 +90,8 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
         ("UPDATE actions SET lost_gpu_s = 'Infinity'", "lost_gpu_s: Input should be"),
         ("UPDATE instance_costs SET pool = x'00ff'", "pool: Input should be a valid string"),
         ("UPDATE instance_costs SET month = '2024-13'", "month: String should match"),
+        ("UPDATE team_usage SET usd_micros = -1", "team_usage row team '(unknown)': usd_micros"),
+        ("UPDATE team_usage SET gpu_ms = 'x'", "gpu_ms: Input should be a valid integer"),
         (version("abc"), "schema_version is 'abc', not a version number"),
         (version("99"), "newer than this version of gpu-autoscaler reads"),
         ("ALTER TABLE ticks DROP COLUMN clamps", "no such column: clamps"),
