@@ -382,3 +382,28 @@ def test_the_trace_keeps_a_one_gpu_jobs_fraction(tmp_path: Path) -> None:
     fractions = {j.id: j.gpu_fraction for j in prepared.selection.jobs}
     assert fractions["j0"] == 0.25 and fractions["w0"] is None
     assert math.isclose(sum(f or 0 for f in fractions.values()), 6.0)
+
+
+def test_the_report_measures_fragmentation_only_where_gpus_are_shared(tmp_path: Path) -> None:
+    from autoscaler.report.build import build_report
+    from autoscaler.report.render import render_markdown
+    from autoscaler.sim.engine import prepare, simulate
+    from autoscaler.sim.scenario import PolicySpec
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "shared").mkdir()
+    sections = {}
+    for name, sharing in (
+        ("plain", ""),
+        ("shared", "gpu_sharing: {every_pool: {mode: mig, profiles: [1g.5gb, 3g.20gb]}}"),
+    ):
+        prepared = prepare(load_scenario(fraction_scenario(tmp_path / name, sharing)))
+        result = simulate(prepared, PolicySpec(name="cost-aware"))
+        report = build_report(prepared, [result], [])
+        sections[name] = (report.policies[0].fragmentation, render_markdown(report))
+    assert sections["plain"][0] is None
+    assert "fragmentation" not in sections["plain"][1]
+    found, text = sections["shared"]
+    assert found is not None and found.ticks > 0
+    assert 0 <= found.stranded_gpus <= found.free_gpus
+    assert "GPU sharing and fragmentation" in text and "MIG 1g.5gb, 3g.20gb" in text

@@ -9,6 +9,7 @@ from autoscaler.fleet.attribution import IDLE
 from autoscaler.report.model import (
     CheckpointComparison,
     CheckpointSide,
+    Fragmentation,
     GpuHours,
     Percentiles,
     PolicyResult,
@@ -145,6 +146,19 @@ def policy_result(
         tick_ms=percentiles(result.tick_ms),
         timeline=_timeline(result, prepared),
         teams=team_results(result, prepared),
+        fragmentation=fragmentation(result),
+    )
+
+
+def fragmentation(result: SimResult) -> Fragmentation | None:
+    """The mean stranded and free GPUs over the sampled ticks, where GPUs may be shared."""
+    if not result.shares_gpus or not result.frag_ticks:
+        return None
+    ticks = result.frag_ticks
+    return Fragmentation(
+        stranded_gpus=round(result.stranded_gpu_ticks / ticks, 3),
+        free_gpus=round(result.free_gpu_ticks / ticks, 3),
+        ticks=ticks,
     )
 
 
@@ -183,6 +197,31 @@ def team_results(result: SimResult, prepared: Prepared) -> list[TeamResult]:
     return rows
 
 
+def _sharing_lines(prepared: Prepared) -> list[str]:
+    scenario = prepared.loaded.scenario
+    if not scenario.shares_gpus:
+        return []
+    sharing = scenario.gpu_sharing
+    where = [
+        f"pool {pool.name}: {found.describe()}"
+        for pool in scenario.controller.pools
+        if (found := sharing.for_pool(pool.name)) is not None
+    ]
+    for node in scenario.onprem:
+        found = sharing.for_node(node)
+        if found is not None:
+            where.append(f"on-prem {node.name}: {found.describe()}")
+    return [
+        "GPU sharing: " + "; ".join(where) + ". A one-GPU job whose trace gpu_fraction is below 1 "
+        "takes a slice of one shared GPU (time-slicing: its fraction rounded up to whole "
+        "replicas; MIG: the smallest listed profile that covers it, counted in sevenths of "
+        "compute, the profiles' memory and placement rules not modelled, the layout following "
+        "demand), best fit onto a partly used GPU; its GPU-hours are its slice's. Pending "
+        "fractional jobs reach the controller as their slices summed and rounded up to whole "
+        "GPUs when every pool shares, else one GPU each."
+    ]
+
+
 def assumptions(prepared: Prepared) -> list[str]:
     scenario = prepared.loaded.scenario
     lines = []
@@ -198,12 +237,14 @@ def assumptions(prepared: Prepared) -> list[str]:
     if scenario.high_priority is not None:
         shown = scenario.high_priority.model_dump(exclude_none=True)
         lines.append(f"High priority: jobs matching {shown}.")
+    lines.extend(_sharing_lines(prepared))
     lines.append(
-        "Each job takes whole GPUs on one node (a GPU-sharing pod takes a whole GPU), or, when "
-        "the trace gives num_nodes or the job is larger than any node of the scenario, the same "
-        "GPUs on each of several nodes at once, started together and requeued whole when one "
-        "is taken away; only GPUs of a model the job accepts (trace gpu_model) run it. Its "
-        "trace GPU fraction is used as its measured GPU utilisation."
+        "Each job takes whole GPUs on one node (a GPU-sharing pod takes a whole GPU"
+        + (" where GPUs are not shared" if prepared.loaded.scenario.shares_gpus else "")
+        + "), or, when the trace gives num_nodes or the job is larger than any node of the "
+        "scenario, the same GPUs on each of several nodes at once, started together and "
+        "requeued whole when one is taken away; only GPUs of a model the job accepts (trace "
+        "gpu_model) run it. Its trace GPU fraction is used as its measured GPU utilisation."
     )
     lines.append(
         "On-prem allocated idle: GPU-hours on-prem GPUs were allocated to jobs while every job "

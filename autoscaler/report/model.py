@@ -110,6 +110,20 @@ class StaticPools(Frozen):
         return sum(t.static_cost for t in self.teams)
 
 
+class Fragmentation(Frozen):
+    """Where GPUs may be shared (scenario ``gpu_sharing``): the mean over sampled ticks of the
+    free slices stranded on partly used shared GPUs (room only another fractional job can use),
+    in GPUs, and of all free room (those slices and the GPUs with nothing on them)."""
+
+    stranded_gpus: float
+    free_gpus: float
+    ticks: int
+
+    @property
+    def stranded_share(self) -> float | None:
+        return self.stranded_gpus / self.free_gpus if self.free_gpus else None
+
+
 class PolicyResult(Frozen):
     policy: str
     label: str
@@ -139,6 +153,8 @@ class PolicyResult(Frozen):
     timeline: PolicyTimeline
     # by team where the scenario names teams (empty otherwise); the costs add up to ``cost``
     teams: list[TeamResult] = Field(default_factory=list)
+    # where the scenario lets jobs share GPUs; None otherwise
+    fragmentation: Fragmentation | None = None
 
 
 class PoolRow(Frozen):

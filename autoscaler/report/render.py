@@ -590,6 +590,43 @@ def _team_blocks(report: Report) -> tuple[Block, ...]:
     return tuple(blocks)
 
 
+def fragmentation_table(report: Report) -> Table:
+    rows = []
+    for p in report.policies:
+        f = p.fragmentation
+        if f is None:
+            continue
+        share = f.stranded_share
+        rows.append(
+            [
+                p.label,
+                num(f.stranded_gpus, 2),
+                num(f.free_gpus, 2),
+                DASH if share is None else pct(share),
+            ]
+        )
+    headers = [
+        "Policy",
+        "Stranded GPUs (mean)",
+        "Free GPUs (mean)",
+        "Stranded share of free",
+    ]
+    return _table(headers, rows)
+
+
+def _sharing_blocks(report: Report) -> tuple[Block, ...]:
+    return (
+        Para(
+            "Jobs asking for a fraction of a GPU share GPUs where the scenario allows it "
+            "(gpu_sharing; see Assumptions). Stranded: free slices on GPUs that are partly used, "
+            "in GPUs, which only another fractional job can use; free: those slices and every "
+            "GPU with nothing on it, on nodes that take work; both are means over the sampled "
+            "ticks. The GPU-hours elsewhere in this report count a fractional job's slice."
+        ),
+        fragmentation_table(report),
+    )
+
+
 def activity_table(report: Report) -> Table:
     headers = [
         "Policy",
@@ -685,6 +722,8 @@ def _detail_sections(report: Report) -> list[Section]:
     )
     if report.static_pools is not None:
         teams.append(Section("Static per-team pools", _static_blocks(report.static_pools)))
+    if any(p.fragmentation is not None for p in report.policies):
+        teams.append(Section("GPU sharing and fragmentation", _sharing_blocks(report)))
     return [
         *teams,
         Section("Cost by pool", _cost_by_pool_blocks(report)),

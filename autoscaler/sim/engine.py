@@ -315,7 +315,11 @@ def simulate(
         scenario.idle_util_pct,
         on_start,
         on_checkpoint_asked,
-        dict(scenario.gpu_sharing.pools),
+        {
+            p.name: sharing
+            for p in config.pools
+            if (sharing := scenario.gpu_sharing.for_pool(p.name)) is not None
+        },
         [p.name for p in config.pools],
     )
     onprem_gpus = 0

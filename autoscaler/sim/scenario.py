@@ -242,13 +242,18 @@ class PolicySpec(Frozen):
 class SharingSpec(Frozen):
     """Which GPUs jobs asking for a fraction of one may share (autoscaler/model/sharing.py):
     every on-prem node's (``onprem``, unless the node says otherwise) and the instances of the
-    pools named in ``pools``. Unset everywhere, every job takes whole GPUs, as before."""
+    pools named in ``pools``, or of every pool (``every_pool``, unless ``pools`` names it).
+    Unset everywhere, every job takes whole GPUs, as before."""
 
     onprem: GpuSharing | None = None
     pools: dict[str, GpuSharing] = Field(default_factory=dict)
+    every_pool: GpuSharing | None = None
 
     def for_node(self, node: OnPremNodeSpec) -> GpuSharing | None:
         return node.gpu_sharing if node.gpu_sharing is not None else self.onprem
+
+    def for_pool(self, name: str) -> GpuSharing | None:
+        return self.pools.get(name, self.every_pool)
 
 
 class LowerBoundSpec(Frozen):
@@ -281,7 +286,11 @@ class Scenario(Frozen):
     def shares_gpus(self) -> bool:
         """Whether any GPU of the scenario may be shared by fractional jobs."""
         sharing = self.gpu_sharing
-        return bool(sharing.pools) or any(sharing.for_node(n) is not None for n in self.onprem)
+        return (
+            bool(sharing.pools)
+            or (sharing.every_pool is not None and bool(self.controller.pools))
+            or any(sharing.for_node(n) is not None for n in self.onprem)
+        )
 
     @field_validator("start")
     @classmethod
