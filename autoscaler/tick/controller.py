@@ -52,7 +52,7 @@ from autoscaler.tick.guard import guard, validate_plan
 from autoscaler.tick.intents import Intents
 from autoscaler.tick.observe import Observation, Observer, Signals
 from autoscaler.tick.retry import RetryPolicy
-from autoscaler.tick.rules import controller_requests, rebalance_onprem
+from autoscaler.tick.rules import controller_requests, rebalance_onprem, reclaim
 from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
 
 log = logging.getLogger(__name__)
@@ -197,8 +197,20 @@ class Controller:
         unhostable = self._unhostable(view)
         placement = (self.last_plan or Plan()).placement
         moves = rebalance_onprem.moves(view, placement, observation.onprem_jobs)
+        reclaimed = reclaim.reclaim(
+            view,
+            self.config.teams,
+            observation.running,
+            observation.onprem_jobs,
+            placement,
+            self.config.tick_seconds,
+            moves,
+        )
+        moves += reclaimed.moves
         plan, held = self._decide(
-            rebalance_onprem.view_for_policy(view, observation.onprem_jobs, moves)
+            rebalance_onprem.view_for_policy(
+                view, observation.onprem_jobs, moves, reclaimed.awaited
+            )
         )
         billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)

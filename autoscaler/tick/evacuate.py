@@ -148,11 +148,15 @@ class Evacuator:
         for_job: str,
         now: float,
         room: Mapping[str, tuple[str, int]] | None = None,
+        by: float | None = None,
     ) -> list[JobMove]:
         """Move ``jobs`` off the on-prem ``node`` for the pending ``for_job``: each is asked to
         checkpoint and moved once it reports, or once its checkpoint's expected time (the wait
         for a report when none is known) and the margin are over. ``room`` (by job id: a cloud
-        instance and GPUs) is held for each job until then (``reserved``)."""
+        instance and GPUs) is held for each job until then (``reserved``). With ``by`` (a
+        reclaimed guarantee's bound) every job is gone by then: one that cannot checkpoint, or
+        whose checkpoint would not end by then, is moved off at once from its last checkpoint;
+        without it such a job is left where it is."""
         if self.mover is None:
             return [
                 JobMove(j.id, node, Move.FAILED, None, "the scheduler cannot move jobs")
@@ -161,7 +165,7 @@ class Evacuator:
         evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
         calls: list[tuple[Callable[[], None], JobMove]] = []
         for job in jobs:
-            if job.id in evacuation.waiting or job.checkpoint_signal is None:
+            if job.id in evacuation.waiting or (job.checkpoint_signal is None and by is None):
                 continue
             resume_from = self.ledger.resume_point(job.id, job.started_at)
             expected = self.ledger.expected_duration(job.id, job.checkpoint_duration_s)
@@ -170,9 +174,16 @@ class Evacuator:
                 if expected is not None
                 else self.settings.fresh_checkpoint_s
             )
-            evacuation.waiting[job.id] = _Waiting(
-                job, now, resume_from, now + wait, for_job, (room or {}).get(job.id)
-            )
+            waiting = _Waiting(job, now, resume_from, now + wait, for_job, (room or {}).get(job.id))
+            if job.checkpoint_signal is None or (by is not None and now + wait > by):
+                why = (
+                    "it cannot checkpoint"
+                    if job.checkpoint_signal is None
+                    else f"a {wait:.0f}s checkpoint does not end by the bound"
+                )
+                calls.append(self._leave(waiting, now, resume_from, Move.REQUEUED, why))
+                continue
+            evacuation.waiting[job.id] = waiting
             calls.append(
                 (
                     _bind(self.scheduler.signal, job.id, job.checkpoint_signal),

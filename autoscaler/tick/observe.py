@@ -133,6 +133,10 @@ class Observer:
         )
         # The teams jobs name, said once each when the config lists teams and not theirs.
         self.teams = TeamBook(config.teams) if config.teams is not None else None
+        # Teams with guarantees: the reclaim rule needs the moves in flight and the holds.
+        self._guarantees = config.teams is not None and any(
+            t.guaranteed_gpus for t in (*config.teams.teams.values(), config.teams.unassigned)
+        )
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
@@ -252,7 +256,9 @@ class Observer:
         and the scheduler can move jobs: the moves in flight and the scheduler's holds always,
         the on-prem nodes' jobs only where one could be moved (a group may displace, cloud room
         is free); None when the rule does not apply or the scheduler could not be read."""
-        if self.mover is None or self.jobs is None or not last_plan.placement.rebalance_onprem:
+        if self.mover is None or self.jobs is None:
+            return None
+        if not last_plan.placement.rebalance_onprem and not self._guarantees:
             return None
         nodes = rebalance_onprem.worth_reading(view, last_plan.placement)
         try:

@@ -1,0 +1,221 @@
+"""Reclaiming guaranteed on-prem GPUs (``teams``): a team below its guarantee whose work waits
+takes back, by checkpoint, the on-prem GPUs other teams borrowed while it had none to run.
+
+Quotas with borrowing, after Kueue's cohorts (``reclaimWithinCohort``) and Slurm's QOS
+``GrpTRES`` with preemption: a team's ``guaranteed_gpus`` are lent to others while it has no work
+for them; when its work arrives and the scheduler has no free room that fits it, the rule picks,
+for the team's longest-waiting job, the on-prem node that frees room for it by moving the fewest
+GPUs of *borrowers* — jobs of teams holding more on-prem GPUs than their own guarantee, taken
+only down to that guarantee, never below. Each is asked to checkpoint and requeued through the
+move path on-prem rebalancing uses (``MovesJobsOff.move_off``: the job goes back to the queue
+and is kept off that node until the owner's job has started). A job that cannot checkpoint, or
+whose checkpoint would not end within the bound, is requeued at once, losing what it ran since
+its last checkpoint: the guarantee is a promise, as Kueue's preemption is.
+
+The bound is ``teams.reclaim_within_s`` from the owner job's submission: each move carries the
+time by which its jobs must be gone (``MoveJobs.by``), one tick before the bound so that the
+scheduler has a tick to start the owner's job. A job is entitled only while the team's on-prem
+GPUs, with those already being freed for it, stay within its guarantee once it starts (as
+Kueue admits by nominal quota). Multi-node jobs are neither reclaimed for nor moved (their gangs
+are requeued whole by Slurm; left for later, documented in docs/teams.md).
+
+Like on-prem rebalancing it runs before the policy, so the policy is shown the demand without
+the jobs room is being made for and does not buy cloud capacity for them as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.model import Capacity, DemandGroup, FleetView, OnPremNode, Placement
+from autoscaler.model.teams import UNASSIGNED, TeamsConfig
+from autoscaler.spi.sources import RunningJob
+from autoscaler.tick.intents import MoveJobs
+from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+
+RULE = "reclaim"
+
+
+def team_of(team: str | None) -> str:
+    return team or UNASSIGNED
+
+
+def onprem_held(
+    view: FleetView, running: Mapping[str, Sequence[RunningJob]], leaving: frozenset[str]
+) -> dict[str, int]:
+    """On-prem GPUs each team's running jobs hold, less jobs already on their way off."""
+    held: dict[str, int] = {}
+    for node in view.onprem:
+        for job in running.get(node.name, ()):
+            if job.id not in leaving:
+                held[team_of(job.team)] = held.get(team_of(job.team), 0) + job.gpus
+    return held
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """This tick's reclaim: the moves to ask for now, and the owners' jobs whose GPUs will be
+    taken back by the bound (moves due at a later tick), which the policy is not shown so
+    that it does not buy cloud capacity for them meanwhile."""
+
+    moves: list[MoveJobs] = field(default_factory=list)
+    awaited: frozenset[str] = frozenset()
+
+
+def reclaim(
+    view: FleetView,
+    teams: TeamsConfig | None,
+    running: Mapping[str, Sequence[RunningJob]] | None,
+    onprem: OnPremJobs | None,
+    placement: Placement,
+    tick_s: float,
+    taken: Sequence[MoveJobs] = (),
+) -> Reclaim:
+    """The reclaim moves to ask for this tick (see the module's docstring); ``taken`` are moves
+    another rule already asks for this tick, whose nodes and jobs are left alone."""
+    if teams is None or running is None or onprem is None or not view.demand.known:
+        return Reclaim()
+    owners = _owner_groups(view, teams, placement)
+    if not owners:
+        return Reclaim()
+    leaving = frozenset(onprem.moving) | {j.id for m in taken for j in m.jobs}
+    held = onprem_held(view, running, leaving)
+    busy_nodes = {h.node for h in onprem.held} | {m.node for m in taken}
+    busy_nodes |= {
+        node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)
+    }
+    served = onprem.served | {m.for_job for m in taken}
+    coming = _coming(view, served)
+    found: list[MoveJobs] = []
+    awaited: set[str] = set()
+    for group in owners:
+        team = team_of(group.team)
+        guarantee = teams.spec(group.team).guaranteed_gpus
+        job_id = group.oldest_jobs[0]
+        need = group.gpus_per_job
+        if job_id in served or held.get(team, 0) + coming.get(team, 0) + need > guarantee:
+            continue
+        choice = _node_for(view.onprem, running, group, teams, held, busy_nodes, leaving)
+        if choice is None:
+            continue
+        node, chosen = choice
+        by = group.oldest_submit_time + teams.reclaim_within_s - tick_s
+        if view.now + _lead(chosen) + tick_s < by:
+            # Not yet: the borrowers' GPUs may come free by themselves before the bound (most
+            # jobs are short), so the moves wait for the last tick that still keeps it.
+            awaited.add(job_id)
+            continue
+        for job in chosen:
+            victim = team_of(job.team)
+            held[victim] -= job.gpus
+        coming[team] = coming.get(team, 0) + need
+        busy_nodes.add(node)
+        leaving |= {job.id for job in chosen}
+        served = served | {job_id}
+        lenders = ", ".join(sorted({team_of(j.team) for j in chosen}))
+        found.append(
+            MoveJobs(
+                node,
+                tuple(chosen),
+                job_id,
+                f"reclaim on-prem {node} for team {team}'s job {job_id} ({need} GPU(s) of its "
+                f"{guarantee} guaranteed) from {lenders}",
+                by=by,
+            )
+        )
+    return Reclaim(found, frozenset(awaited))
+
+
+CHECKPOINT_MARGIN_S = 10.0  # the evacuator's margin on a checkpoint's expected time
+UNKNOWN_CHECKPOINT_S = 300.0  # its wait for a job whose checkpoint time is unknown
+
+
+def _lead(jobs: Sequence[RunningJob]) -> float:
+    """How long before the bound the moves must start for every job to checkpoint in time."""
+    waits = [
+        (j.checkpoint_duration_s or UNKNOWN_CHECKPOINT_S) + CHECKPOINT_MARGIN_S
+        for j in jobs
+        if j.checkpoint_signal is not None
+    ]
+    return max(waits, default=0.0)
+
+
+def _owner_groups(view: FleetView, teams: TeamsConfig, placement: Placement) -> list[DemandGroup]:
+    """Single-node groups of teams with a guarantee that may run on-prem, longest waiting
+    first."""
+    groups = [
+        g
+        for g in view.demand.groups
+        if g.nodes == 1
+        and g.oldest_jobs
+        and teams.spec(g.team).guaranteed_gpus >= g.gpus_per_job
+        and Capacity.ONPREM in placement.tiers(g.checkpoint_interval_s is not None, g.high_priority)
+    ]
+    return sorted(groups, key=lambda g: (g.oldest_submit_time, g.oldest_jobs))
+
+
+def _coming(view: FleetView, served: frozenset[str] | set[str]) -> dict[str, int]:
+    """GPUs already being freed for each team: its pending jobs room is being made for."""
+    coming: dict[str, int] = {}
+    for group in view.demand.groups:
+        n = sum(1 for job in group.oldest_jobs if job in served)
+        if n:
+            team = team_of(group.team)
+            coming[team] = coming.get(team, 0) + n * group.gpus_per_job
+    return coming
+
+
+def _node_for(
+    nodes: Sequence[OnPremNode],
+    running: Mapping[str, Sequence[RunningJob]],
+    group: DemandGroup,
+    teams: TeamsConfig,
+    held: Mapping[str, int],
+    busy_nodes: set[str],
+    leaving: frozenset[str],
+) -> tuple[str, list[RunningJob]] | None:
+    """The node that frees room for the group's job by moving the fewest borrowed GPUs (then
+    jobs, then by name); None when a node already has room (the scheduler starts the job there)
+    or none can be freed from borrowers."""
+    need = group.gpus_per_job
+    shape = group.shape
+    options: list[tuple[int, int, str, list[RunningJob]]] = []
+    for node in nodes:
+        if not node.schedulable or not shape.accepts(
+            node.gpus, node.gpu_model, node.gpu_memory_gib
+        ):
+            continue
+        free = node.gpus_free
+        if free >= need:
+            return None
+        if node.name in busy_nodes:
+            continue
+        # Checkpointing jobs first, then the youngest: the least work lost, and the job that
+        # started last is the one expected to run longest still (it holds the GPUs longest).
+        candidates = sorted(
+            (
+                j
+                for j in running.get(node.name, ())
+                if j.nodes == 1 and j.id not in leaving and team_of(j.team) != team_of(group.team)
+            ),
+            key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
+        )
+        spare = {team: gpus - teams.spec(team).guaranteed_gpus for team, gpus in held.items()}
+        chosen: list[RunningJob] = []
+        short = need - free
+        for job in candidates:
+            if short <= 0:
+                break
+            victim = team_of(job.team)
+            if spare.get(victim, 0) < job.gpus:
+                continue
+            spare[victim] -= job.gpus
+            chosen.append(job)
+            short -= job.gpus
+        if short <= 0:
+            options.append((sum(j.gpus for j in chosen), len(chosen), node.name, chosen))
+    if not options:
+        return None
+    _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
+    return name, chosen
