@@ -74,6 +74,10 @@ class InstanceRecord:
     drain_started_at: float | None = None
     interrupt_deadline: float | None = None
     move_jobs: bool = False
+    # Whom the instance was bought for (``LaunchRequest.team``). None for no team, and for an
+    # instance adopted from a listing after a restart: the clouds' listings do not say, so the
+    # team limits count it for no team (docs/teams.md).
+    team: str | None = None
 
     def _move(self, state: InstanceState, now: float, reason: str = "") -> None:
         """Only ``InstanceTable.apply`` moves a record."""
@@ -94,11 +98,13 @@ class InstanceRecord:
 
 @dataclass(frozen=True)
 class Launched:
-    """A launch call returned this instance (or a listing showed one no record explains)."""
+    """A launch call returned this instance (or a listing showed one no record explains);
+    ``team`` is whom it was bought for (None when no team, or unknown after a restart)."""
 
     instance: Instance
     provider: str
     reason: str = "launched"
+    team: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,11 @@ class InstanceTable:
         """The records in ``state``, oldest first."""
         return list(self._by_state[state].values())
 
+    def teams(self) -> dict[str, str | None]:
+        """Whom each live instance was bought for, by instance id: what the guard's team
+        limits count (None: no team, or not known since a restart)."""
+        return {r.id: r.team for r in self.live()}
+
     def live_pools(self) -> list[str]:
         """The pools that hold a live record."""
         return [pool for pool, records in self._live_by_pool.items() if records]
@@ -173,7 +184,7 @@ class InstanceTable:
         """The one way a record is made or changed. A move the transition table does not allow
         raises ``IllegalTransitionError``; a move of an unknown instance is ignored (None)."""
         if isinstance(update, Launched):
-            return self._launched(update.instance, update.provider, now, update.reason)
+            return self._launched(update.instance, update.provider, now, update.reason, update.team)
         record = self._records.get(update.instance_id)
         if record is None:
             return None
@@ -188,7 +199,7 @@ class InstanceTable:
         return record
 
     def _launched(
-        self, instance: Instance, provider: str, now: float, reason: str
+        self, instance: Instance, provider: str, now: float, reason: str, team: str | None
     ) -> InstanceRecord:
         existing = self._records.get(instance.id)
         if existing is not None:
@@ -206,6 +217,7 @@ class InstanceTable:
             launched_at=instance.launched_at,
             updated_at=now,
             history=[(state, now, reason)],
+            team=team,
         )
         self._records[instance.id] = record
         self._index(record, None)

@@ -37,7 +37,7 @@ from autoscaler.model.records import ActionRecord, LeadershipLost
 from autoscaler.spi.provider import GangLauncher, LaunchResult, Provider
 from autoscaler.spi.sources import BulkDrainer, WorkloadScheduler
 from autoscaler.tick.evacuate import Evacuator, JobMove, Move
-from autoscaler.tick.guard import launch_shape, node_slots
+from autoscaler.tick.guard import fallbacks_for, launch_shape, node_slots
 from autoscaler.tick.intents import (
     ContinueDrain,
     FallbackRoom,
@@ -434,7 +434,7 @@ class Actuator:
         first = view.pool_by_name[launch.pool].pool
         slots_wanted = launch.count * node_slots(first, shape)
         previous: str | None = None
-        room = self._room
+        room = fallbacks_for(self._room, launch.team)
         missed = 0  # nodes granted to earlier steps that they did not buy
         for k, step in enumerate(intent.steps):
             if slots_wanted <= 0:
@@ -465,6 +465,7 @@ class Actuator:
                 fallback_from,
                 failed_providers,
                 records,
+                launch.team,
             )
             room.refund(pool_view, count - launched)
             slots_wanted -= launched * per
@@ -482,7 +483,7 @@ class Actuator:
         there and the next pool of its chain tried. A part of a gang hosts nothing."""
         launch = intent.request
         size = launch.gang_size
-        room = self._room
+        room = fallbacks_for(self._room, launch.team)
         for gang, steps in enumerate(intent.gangs):
             previous: str | None = None
             failed = False  # the gang's granted pool fell through: later pools may take it
@@ -534,6 +535,7 @@ class Actuator:
                     fallback_from,
                     failed_providers,
                     records,
+                    launch.team,
                 )
                 room.refund(pool_view, size - launched)
                 if launched:
@@ -550,8 +552,10 @@ class Actuator:
         fallback_from: str | None,
         failed_providers: set[str],
         records: list[ActionRecord],
+        team: str | None = None,
     ) -> int:
-        """Make one launch call and record what came of it; returns the instances launched."""
+        """Make one launch call and record what came of it; returns the instances launched.
+        The table remembers whom each instance was bought for (``team``)."""
         pool = pool_view.pool
         name = pool.name
         try:
@@ -597,7 +601,7 @@ class Actuator:
             )
             return 0
         for instance in result.instances:
-            self.report(Launched(instance, pool.provider))
+            self.report(Launched(instance, pool.provider, team=team))
         launched = len(result.instances)
         if result.shortfall is not None:
             self._failed(result.shortfall, name)

@@ -16,6 +16,10 @@ rule requests are then turned into granted ``Intents``:
   moves those nodes to the next pool of the same chain, admitted there by the same limits. So
   per-pool and total instance/GPU limits, the $/hour budget, the monthly budget and the launch
   rate hold whatever act ends up buying, and act never decides how much it may buy.
+* a launch bought for a team is held to that team's burst GPUs, burst $/hour and monthly budget
+  (``team_limits``), act's fallbacks too; and when several teams ask and the fleet-wide limits
+  cannot grant them all, those limits are split between the teams by weight (``team_share``)
+  rather than taken in plan order. Without teams nothing of this applies.
 
 The monthly cap is a projected ceiling (``autoscaler.tick.budget``): the journal's spend this
 calendar month plus the kept fleet's run rate to the month's end; over it, the guard sheds
@@ -25,6 +29,7 @@ scale-up is held, never assumed affordable.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 
@@ -47,6 +52,7 @@ from autoscaler.model.records import Clamp
 from autoscaler.tick.budget import Projection, hours_to_month_end, run_rate, shed
 from autoscaler.tick.intents import (
     ContinueDrain,
+    FallbackRoom,
     Intents,
     LaunchIntent,
     LaunchStep,
@@ -54,6 +60,8 @@ from autoscaler.tick.intents import (
     Requests,
 )
 from autoscaler.tick.rules import registration
+from autoscaler.tick.team_limits import TeamLedger, TeamRoom
+from autoscaler.tick.team_share import GPUS, INSTANCES, USD, Share, Unit, split
 
 _INF = math.inf
 
@@ -87,11 +95,17 @@ class Allowance:
         view: FleetView,
         cooldowns: Cooldowns,
         month_spend: float | None = None,
+        teams: TeamLedger | None = None,
     ) -> None:
         self.limits = limits
         self.month_spend = month_spend
         self.now = view.now
         self.clamps: list[Clamp] = []
+        # Each team's own limits (``team_limits``), and while fleet-wide limits bind, each
+        # team's share of them by weight (``team_share``); None without teams.
+        self.teams = TeamRoom(teams, view) if teams is not None else None
+        self.shares: dict[str | None, Share] | None = None
+        self._fleet_limits = True
         self._pools = view.pool_by_name
         self._cooling = {
             pool
@@ -136,8 +150,9 @@ class Allowance:
                 )
                 self.month_left = max(0.0, self.projection.room)
 
-    def admit_launch(self, pool_view: PoolView, count: int) -> int:
-        """How many of ``count`` instances may be launched in this pool; debits what it grants."""
+    def admit_launch(self, pool_view: PoolView, count: int, team: str | None = None) -> int:
+        """How many of ``count`` instances may be launched in this pool for ``team``; debits
+        what it grants."""
         pool = pool_view.pool
         allowed: float = count
         allowed = self._cap(
@@ -145,6 +160,13 @@ class Allowance:
         )
         pool_room = _room(pool.max_instances, self.live_by_pool.get(pool.name, 0))
         allowed = self._cap(allowed, "pool_max_instances", pool.name, count, pool_room)
+        if self.teams is not None and team is not None:
+            for rule, room, why in self.teams.rooms(team, pool_view):
+                allowed = self._cap(allowed, rule, pool.name, count, room, why)
+        if not self._fleet_limits:
+            granted = int(allowed)
+            self._debit(pool_view, granted, team)
+            return granted
         allowed = self._cap(allowed, "max_instances", pool.name, count, self.instances_left)
         gpu_room = (
             self.gpus_left
@@ -157,9 +179,69 @@ class Allowance:
         allowed = self._cap(
             allowed, "monthly_budget", pool.name, count, self._month_room(pool_view)
         )
+        if self.shares is not None and team in self.shares:
+            for rule, room, why in self._share_rooms(team, pool_view):
+                allowed = self._cap(allowed, rule, pool.name, count, room, why)
         granted = int(allowed)
-        self._debit(pool_view, granted)
+        self._debit(pool_view, granted, team)
         return granted
+
+    def without_fleet_limits(self) -> Allowance:
+        """A copy that holds every limit but the fleet-wide ones, granting into room of its
+        own: what each team would get if the fleet-wide limits did not bind."""
+        twin = copy.copy(self)
+        twin.clamps = []
+        twin.live_by_pool = dict(self.live_by_pool)
+        twin.teams = self.teams.copy() if self.teams is not None else None
+        twin.shares = None
+        twin._fleet_limits = False
+        twin.instances_left = twin.gpus_left = twin.launches_left = _INF
+        twin.budget_left = twin.month_left = _INF
+        return twin
+
+    def fleet_room(self) -> dict[str, float]:
+        """What the fleet-wide limits leave, in instances, GPUs and $/hour (the monthly cap's
+        room spread over the hours to the month's end)."""
+        usd = self.budget_left if self.limits.max_cost_per_hour is not None else _INF
+        if self.limits.max_cost_per_month is not None:
+            hours = self.projection.hours_left if self.projection is not None else 0.0
+            usd = min(usd, self.month_left / hours if hours > 0 else 0.0)
+        return {
+            INSTANCES: min(self.instances_left, self.launches_left),
+            GPUS: self.gpus_left,
+            USD: max(0.0, usd),
+        }
+
+    def _share_rooms(self, team: str | None, pool_view: PoolView) -> list[tuple[str, float, str]]:
+        """Instances of this pool the team's share of each binding fleet-wide limit holds."""
+        assert self.shares is not None
+        share = self.shares[team]
+        pool = pool_view.pool
+        who = f"team {team}" if team is not None else "work of no team"
+        found: list[tuple[str, float, str]] = []
+        if INSTANCES in share:
+            found.append(
+                (
+                    "max_instances",
+                    math.floor(share[INSTANCES] + 1e-9),
+                    f"{who}'s share by weight of the fleet's instance limits",
+                )
+            )
+        if GPUS in share:
+            found.append(
+                (
+                    "max_gpus",
+                    math.floor(share[GPUS] / pool.gpus_per_instance + 1e-9),
+                    f"{who}'s share by weight of limits.max_gpus",
+                )
+            )
+        if USD in share:
+            price = pool_view.price.price_per_hour if pool_view.price is not None else None
+            room: float = 0
+            if price is not None:
+                room = _INF if price <= 0 else math.floor(share[USD] / price + 1e-9)
+            found.append(("budget", room, f"{who}'s share by weight of the fleet's budget"))
+        return found
 
     def fleet_full(self) -> bool:
         """No launch anywhere can be admitted any more this tick (a fleet-wide limit is spent)."""
@@ -188,14 +270,24 @@ class Allowance:
         for launch in launches:
             self.clamps.append(Clamp(rule, launch.pool, launch.count, 0, _why(rule, self)))
 
-    def refund(self, pool_view: PoolView, count: int) -> None:
+    def refund(self, pool_view: PoolView, count: int, team: str | None = None) -> None:
         """Give back room for instances that were admitted but were not (or will not be)
         launched: a failed first choice's room, for the next pool of its chain."""
         if count > 0:
-            self._debit(pool_view, -count)
+            self._debit(pool_view, -count, team)
 
-    def _debit(self, pool_view: PoolView, count: int) -> None:
+    def _debit(self, pool_view: PoolView, count: int, team: str | None = None) -> None:
         pool = pool_view.pool
+        if self.teams is not None and team is not None:
+            self.teams.debit(team, pool_view, count)
+        if self.shares is not None and team in self.shares:
+            share = self.shares[team]
+            if INSTANCES in share:
+                share[INSTANCES] -= count
+            if GPUS in share:
+                share[GPUS] -= count * pool.gpus_per_instance
+            if USD in share and pool_view.price is not None:
+                share[USD] -= count * pool_view.price.price_per_hour
         self.live_by_pool[pool.name] = self.live_by_pool.get(pool.name, 0) + count
         self.instances_left -= count
         self.gpus_left -= count * pool.gpus_per_instance
@@ -232,12 +324,44 @@ class Allowance:
         cost = price * self.projection.hours_left
         return _INF if cost <= 0 else math.floor(self.month_left / cost + 1e-9)
 
-    def _cap(self, allowed: float, rule: str, pool: str, requested: int, room: float) -> float:
+    def _cap(
+        self,
+        allowed: float,
+        rule: str,
+        pool: str,
+        requested: int,
+        room: float,
+        why: str | None = None,
+    ) -> float:
         room = max(0.0, room)
         if room < allowed:
-            self.clamps.append(Clamp(rule, pool, requested, int(room), _why(rule, self)))
+            detail = why if why is not None else _why(rule, self)
+            self.clamps.append(Clamp(rule, pool, requested, int(room), detail))
             return room
         return allowed
+
+
+class _TeamFallbacks:
+    """The guard's room as act's fallbacks for one team's launch: a capacity failure that
+    moves its nodes down the chain moves them within that team's limits and share too."""
+
+    def __init__(self, room: Allowance, team: str) -> None:
+        self.room = room
+        self.team = team
+
+    def admit_launch(self, pool_view: PoolView, count: int) -> int:
+        return self.room.admit_launch(pool_view, count, self.team)
+
+    def refund(self, pool_view: PoolView, count: int) -> None:
+        self.room.refund(pool_view, count, self.team)
+
+
+def fallbacks_for(room: FallbackRoom, team: str | None) -> FallbackRoom:
+    """The room act spends on a launch's fallbacks: bound to the launch's team, where it has
+    one."""
+    if team is None or not isinstance(room, Allowance):
+        return room
+    return _TeamFallbacks(room, team)
 
 
 def _why(rule: str, allowance: Allowance) -> str:
@@ -346,10 +470,12 @@ def guard(
     cooldowns: Cooldowns,
     month_spend: float | None = None,
     drain_timeout_s: float = 3600.0,
+    teams: TeamLedger | None = None,
 ) -> Intents:
     """Grant a validated plan and the rules' requests. ``month_spend`` is this calendar month's
-    spend so far, for ``limits.max_cost_per_month``."""
-    allowance = Allowance(limits, view, cooldowns, month_spend)
+    spend so far, for ``limits.max_cost_per_month``; ``teams`` what the teams' own limits need
+    (None: no team limits, as without teams in the config)."""
+    allowance = Allowance(limits, view, cooldowns, month_spend, teams)
     clamps = allowance.clamps
     nodes = {node.instance_id: node for node in view.instances}
     interrupted = {i.instance_id for i in requests.interrupts}
@@ -492,7 +618,34 @@ def grant_launches(
     launches: Sequence[LaunchRequest], view: FleetView, allowance: Allowance
 ) -> tuple[LaunchIntent, ...]:
     """Each launch's grants, pool by pool: the walk act takes when every call succeeds (launches
-    in order, each walking its pools while the limits grant less than it wants)."""
+    in order, each walking its pools while the limits grant less than it wants). Where several
+    teams ask and the fleet-wide limits cannot grant them all, each team is first given its
+    share of those limits by weight (``team_share``), which then caps it in the walk."""
+    if allowance.teams is not None and len({launch.team for launch in launches}) > 1:
+        asks = _walk(launches, view, allowance.without_fleet_limits())
+        allowance.shares = split(_units(asks, view), allowance.fleet_room(), allowance.teams.config)
+    return _walk(launches, view, allowance)
+
+
+def _units(intents: Sequence[LaunchIntent], view: FleetView) -> list[Unit]:
+    """What the intents grant, as the instances a weighted split hands out one at a time (a
+    gang whole), in the plan's order."""
+    units: list[Unit] = []
+    for intent in intents:
+        team = intent.request.team
+        for step in intent.steps:
+            pool_view = view.pool_by_name[step.pool]
+            units.extend(Unit.of(team, pool_view, 1) for _ in range(step.granted))
+        for gang in intent.gangs:
+            for step in gang:
+                if step.granted:
+                    units.append(Unit.of(team, view.pool_by_name[step.pool], step.granted))
+    return units
+
+
+def _walk(
+    launches: Sequence[LaunchRequest], view: FleetView, allowance: Allowance
+) -> tuple[LaunchIntent, ...]:
     intents: list[LaunchIntent] = []
     usable = {
         name
@@ -542,7 +695,7 @@ def _primary(
             continue
         per = node_slots(pool_view.pool, shape)
         want = math.ceil(slots_wanted / per)
-        granted = allowance.admit_launch(pool_view, want)
+        granted = allowance.admit_launch(pool_view, want, launch.team)
         steps.append(LaunchStep(name, want, granted, position=position))
         slots_wanted -= granted * per
     return tuple(steps)
@@ -562,9 +715,9 @@ def _gang_primary(
         pool_view = view.pool_by_name[name]
         granted = 0
         if not placed:
-            granted = allowance.admit_launch(pool_view, size)
+            granted = allowance.admit_launch(pool_view, size, launch.team)
             if granted < size:
-                allowance.refund(pool_view, granted)
+                allowance.refund(pool_view, granted, launch.team)
                 granted = 0
             placed = granted > 0
         steps.append(LaunchStep(name, size, granted, position=position))
