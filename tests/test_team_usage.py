@@ -22,10 +22,11 @@ from autoscaler.fleet.attribution import IDLE
 from autoscaler.fleet.team_usage import (
     ONPREM,
     UNKNOWN,
+    Splitter,
     TickHolders,
     Usage,
+    shares_of,
     split,
-    split_usage,
     tick_holders,
 )
 from autoscaler.model import OnPremNode, Placement
@@ -73,9 +74,47 @@ def test_a_node_whose_jobs_are_not_known_goes_whole_to_the_unknown_line(
     total: int, gpus: int
 ) -> None:
     assert split(total, gpus, None) == ({UNKNOWN: total} if total else {})
-    both = split_usage(Usage(total, total // 3), gpus, None)
-    assert sum(u.gpu_ms for u in both.values()) == total
-    assert sum(u.usd_micros for u in both.values()) == total // 3
+    splitter = Splitter()
+    splitter.add("a", Usage(total, total // 3), gpus, None)
+    assert splitter.result() == ({(UNKNOWN, "a"): Usage(total, total // 3)} if total else {})
+
+
+node_strategy = st.tuples(
+    st.sampled_from(["a", "b", "on-prem"]),
+    st.integers(0, 10**9),
+    st.integers(0, 10**7),
+    st.integers(0, 8),
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(NAMES), st.integers(0, 12), max_size=4)),
+)
+
+
+@given(st.lists(node_strategy, max_size=30))
+def test_a_ticks_lines_add_up_to_each_places_units_each_within_one_of_its_share(
+    nodes: list[tuple[str, int, int, int, dict[str, int] | None]],
+) -> None:
+    """Many nodes of a tick, split at once: every place's units all given, none negative, and
+    each line within one unit of the exact sum of its shares of the nodes."""
+    splitter = Splitter()
+    units: dict[str, list[int]] = {}
+    exact: dict[tuple[str, str], list[float]] = {}
+    for place, time, money, gpus, held in nodes:
+        weights = None if held is None else {t: float(g) for t, g in held.items()}
+        splitter.add(place, Usage(time, money), gpus, weights)
+        found = units.setdefault(place, [0, 0])
+        found[0] += time
+        found[1] += money
+        for team, share in shares_of(gpus, weights).items():
+            line = exact.setdefault((team, place), [0.0, 0.0])
+            line[0] += time * share
+            line[1] += money * share
+    result = splitter.result()
+    for place, (time, money) in units.items():
+        assert sum(u.gpu_ms for (_t, p), u in result.items() if p == place) == time
+        assert sum(u.usd_micros for (_t, p), u in result.items() if p == place) == money
+    for key, usage in result.items():
+        assert usage.gpu_ms >= 0 and usage.usd_micros >= 0
+        assert abs(usage.gpu_ms - exact[key][0]) < 1 + 1e-9 * exact[key][0]
+        assert abs(usage.usd_micros - exact[key][1]) < 1 + 1e-9 * exact[key][1]
 
 
 def test_jobs_with_no_team_are_unassigned_and_unread_nodes_unknown() -> None:

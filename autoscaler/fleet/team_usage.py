@@ -53,6 +53,13 @@ class TickHolders(NamedTuple):
         return self.cloud.get(instance_id, {})
 
 
+class Usage(NamedTuple):
+    """GPU-milliseconds and micro-dollars."""
+
+    gpu_ms: int
+    usd_micros: int
+
+
 def holders(jobs: Iterable[RunningJob]) -> dict[str, float]:
     """GPUs held on one node per team (a job naming no team counts as ``UNASSIGNED``)."""
     held: dict[str, float] = {}
@@ -75,20 +82,97 @@ def tick_holders(
     return TickHolders(True, by_node, nodes)
 
 
+def shares_of(gpus: float, held: Holders) -> dict[str, float]:
+    """Each line's share of one node (adding up to 1): each team its jobs' GPUs over the
+    node's, ``IDLE`` the GPUs no job held; jobs holding more than the node has (a stale
+    reading) share all of it and leave nothing idle. Unknown holders: all ``UNKNOWN``."""
+    if held is None:
+        return {UNKNOWN: 1.0}
+    weights = {team: g for team, g in held.items() if g > 0}
+    occupied = sum(weights.values())
+    idle = max(0.0, float(gpus) - occupied)
+    whole = occupied + idle
+    if whole <= 0:
+        return {IDLE: 1.0}
+    result = {team: g / whole for team, g in weights.items()}
+    if idle > 0:
+        result[IDLE] = result.get(IDLE, 0.0) + idle / whole
+    return result
+
+
 def split(total: int, gpus: float, held: Holders) -> dict[str, int]:
-    """``total`` whole units of one node's tick shared by GPU share: each team its jobs' GPUs
-    over the node's, ``IDLE`` the GPUs no job held; jobs holding more than the node has (a
-    stale reading) share all of it and leave nothing idle. Unknown holders: all ``UNKNOWN``."""
+    """``total`` whole units of one node's tick shared by ``shares_of``, every unit given."""
     if total < 0:
         raise ValueError(f"cannot split a negative amount ({total})")
-    if held is None:
-        return {UNKNOWN: total} if total else {}
-    weights = {team: g for team, g in held.items() if g > 0}
-    idle = max(0.0, float(gpus) - sum(weights.values()))
-    if idle > 0:
-        weights[IDLE] = weights.get(IDLE, 0.0) + idle
-    shares = apportion(total, weights)
+    shares = apportion(total, shares_of(gpus, held))
     return {team: units for team, units in shares.items() if units}
+
+
+class Splitter:
+    """A tick's split over many nodes: each node's amounts are shared out exactly (in floats)
+    as they are added, and each place's whole units are given out once, by the largest
+    remainder, when the tick is done: the lines of a place add up to the sum of its nodes'
+    units, each within one unit of its exact share, at the cost of one apportionment per place
+    rather than two per node (a tick bills thousands of instances)."""
+
+    def __init__(self) -> None:
+        # place -> its whole units (GPU-ms, micro-$) and the lines' exact shares of each
+        self._places: dict[str, _Place] = {}
+
+    def add(self, place: str, amount: Usage, gpus: float, held: Holders) -> None:
+        """One node's amounts at ``place``, shared by ``shares_of`` (written out here: a tick
+        adds thousands of nodes)."""
+        time_units, money_units = amount
+        if time_units < 0 or money_units < 0:
+            raise ValueError(f"cannot split a negative amount ({amount})")
+        found = self._places.get(place)
+        if found is None:
+            found = self._places[place] = _Place([0, 0], {}, {})
+        found.units[0] += time_units
+        found.units[1] += money_units
+        time, money = found.time, found.money
+        if held is None:
+            time[UNKNOWN] = time.get(UNKNOWN, 0.0) + time_units
+            money[UNKNOWN] = money.get(UNKNOWN, 0.0) + money_units
+            return
+        occupied = 0.0
+        for g in held.values():
+            if g > 0:
+                occupied += g
+        idle = max(0.0, float(gpus) - occupied)
+        whole = occupied + idle
+        if whole <= 0:
+            time[IDLE] = time.get(IDLE, 0.0) + time_units
+            money[IDLE] = money.get(IDLE, 0.0) + money_units
+            return
+        for team, g in held.items():
+            if g > 0:
+                share = g / whole
+                time[team] = time.get(team, 0.0) + time_units * share
+                money[team] = money.get(team, 0.0) + money_units * share
+        if idle > 0:
+            share = idle / whole
+            time[IDLE] = time.get(IDLE, 0.0) + time_units * share
+            money[IDLE] = money.get(IDLE, 0.0) + money_units * share
+
+    def result(self) -> dict[tuple[str, str], Usage]:
+        """Per (line, place): its whole GPU-milliseconds and micro-dollars (zero lines left
+        out)."""
+        out: dict[tuple[str, str], Usage] = {}
+        for place, found in self._places.items():
+            time_shares = apportion(found.units[0], found.time)
+            money_shares = apportion(found.units[1], found.money)
+            for team in sorted(set(time_shares) | set(money_shares)):
+                usage = Usage(time_shares.get(team, 0), money_shares.get(team, 0))
+                if usage.gpu_ms or usage.usd_micros:
+                    out[(team, place)] = usage
+        return out
+
+
+class _Place(NamedTuple):
+    units: list[int]
+    time: dict[str, float]
+    money: dict[str, float]
 
 
 def onprem_gpus_held(held: TickHolders) -> dict[str, float] | None:
@@ -108,34 +192,6 @@ def micros(usd: float) -> int:
 
 def gpu_ms(gpus: float, seconds: float) -> int:
     return round(gpus * max(0.0, seconds) * MS_PER_S)
-
-
-class Usage(NamedTuple):
-    """GPU-milliseconds and micro-dollars."""
-
-    gpu_ms: int
-    usd_micros: int
-
-
-def add(into: dict[tuple[str, str], Usage], place: str, shares: dict[str, Usage]) -> None:
-    """Adds one node's per-team shares at ``place`` (a pool, or ``ONPREM``)."""
-    for team, usage in shares.items():
-        old = into.get((team, place), Usage(0, 0))
-        into[(team, place)] = Usage(old.gpu_ms + usage.gpu_ms, old.usd_micros + usage.usd_micros)
-
-
-def split_usage(amount: Usage, gpus: float, held: Holders) -> dict[str, Usage]:
-    """Both amounts of one node's tick, each split by ``split``."""
-    time_shares = split(amount.gpu_ms, gpus, held)
-    money_shares = split(amount.usd_micros, gpus, held)
-    return {
-        team: Usage(time_shares.get(team, 0), money_shares.get(team, 0))
-        for team in sorted(set(time_shares) | set(money_shares))
-    }
-
-
-def totals(usage: Mapping[tuple[str, str], Usage]) -> Usage:
-    return Usage(sum(u.gpu_ms for u in usage.values()), sum(u.usd_micros for u in usage.values()))
 
 
 def teams_of(usage: Iterable[tuple[str, str]]) -> list[str]:

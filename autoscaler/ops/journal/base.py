@@ -30,13 +30,12 @@ from typing import Any, NamedTuple, Protocol
 
 from autoscaler.fleet.team_usage import (
     ONPREM,
+    Splitter,
     TickHolders,
     Usage,
     gpu_ms,
     micros,
-    split_usage,
 )
-from autoscaler.fleet.team_usage import add as add_usage
 from autoscaler.model.records import ActionRecord, LeadershipLost
 from autoscaler.ops.journal import rows
 from autoscaler.ops.journal.rows import (
@@ -457,7 +456,7 @@ class Journal:
         (``team_usage``); without it (None) the cloud's goes to the unknown line."""
         self.last_team_usage = {}  # a tick not recorded counts nothing
         self._finite(*_tick_figures(entry, actions, billed))
-        usage: dict[tuple[str, str], Usage] = {}
+        splitter = Splitter()
         idle = self._idle_seconds(entry)
         idle_total = None if idle is None else math.fsum(gpu_s for _, gpu_s in idle)
         accrued: dict[str, float] = {}
@@ -507,8 +506,9 @@ class Journal:
                         action.lost_gpu_s,
                     ),
                 )
-            firsts = self._accrue(billed, entry.at, month, accrued, held, usage)
-            self._attribute_onprem(held, entry.at, usage)
+            firsts = self._accrue(billed, entry.at, month, accrued, held, splitter)
+            self._attribute_onprem(held, entry.at, splitter)
+            usage = splitter.result()
             self._accrue_teams(usage, firsts, entry.at)
             self._accrue_idle(idle or [], entry.at)
         self._note_month_spend(month, sum(accrued.values()))
@@ -516,17 +516,14 @@ class Journal:
         self.last_team_usage = usage
         return accrued
 
-    def _attribute_onprem(
-        self, held: TickHolders | None, now: float, usage: dict[tuple[str, str], Usage]
-    ) -> None:
+    def _attribute_onprem(self, held: TickHolders | None, now: float, splitter: Splitter) -> None:
         """Each on-prem node's GPUs times the time since the previous tick this process
         recorded (none on its first), split between the teams that held them."""
         if held is None or self._last_tick_at is None:
             return
         seconds = max(0.0, now - self._last_tick_at)
         for node in held.onprem:
-            amount = Usage(gpu_ms(node.gpus, seconds), 0)
-            add_usage(usage, ONPREM, split_usage(amount, node.gpus, node.holders))
+            splitter.add(ONPREM, Usage(gpu_ms(node.gpus, seconds), 0), node.gpus, node.holders)
 
     def _accrue_teams(
         self, usage: dict[tuple[str, str], Usage], firsts: dict[str, float], now: float
@@ -609,11 +606,11 @@ class Journal:
         month: str,
         accrued: dict[str, float],
         held: TickHolders | None,
-        usage: dict[tuple[str, str], Usage],
+        splitter: Splitter,
     ) -> dict[str, float]:
         """One upsert per instance and month, sent as one batch: a fleet of ten thousand
         instances is one statement's worth of round trips per tick. Each instance's accrual
-        is also counted in whole units and split between the teams into ``usage``; returns
+        is also counted in whole units and split between the teams by ``splitter``; returns
         the earliest time billed from, per pool."""
         pending = []
         firsts: dict[str, float] = {}
@@ -625,7 +622,7 @@ class Journal:
             self._finite((f"the accrued cost of {node.instance_id}", usd))
             amount = Usage(gpu_ms(node.gpus, seconds), micros(usd))
             holders = held.of_instance(node.instance_id) if held is not None else None
-            add_usage(usage, node.pool, split_usage(amount, node.gpus, holders))
+            splitter.add(node.pool, amount, node.gpus, holders)
             firsts[node.pool] = min(firsts.get(node.pool, since), since)
             pending.append(
                 (
