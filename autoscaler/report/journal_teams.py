@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoscaler.fleet.attribution import apportion, cents
+from autoscaler.fleet.attribution import IDLE, apportion, cents
 from autoscaler.fleet.team_usage import MICROS_PER_USD, MS_PER_S, ONPREM, UNKNOWN, teams_of
 from autoscaler.model.teams import TeamsConfig
 from autoscaler.ops.journal.base import TeamSpan
@@ -116,11 +116,12 @@ def team_lines(totals: TeamTotals, seconds: float, teams: TeamsConfig | None) ->
             else:
                 usd = totals.cents.get(team, {}).get(place, 0) / 100
                 parts.append(f"{place} ${usd:,.2f} ({hours:,.2f} GPU-h)")
-        line = f"Team {team}: " + ("; ".join(parts) if parts else "nothing")
+        special = team in (IDLE, UNKNOWN)
+        line = ("" if special else "Team ") + f"{team}: " + ("; ".join(parts) or "nothing")
         mean = held_on_average(totals, team, seconds)
         spec = teams.teams.get(team) if teams is not None else None
         if mean is not None and totals.gpu_s.get(team, {}).get(ONPREM):
-            line += f"; held {mean:,.2f} on-prem GPUs on average"
+            line += f"; {'' if special else 'held '}{mean:,.2f} on-prem GPUs on average"
             if spec is not None and spec.guaranteed_gpus:
                 used = mean / spec.guaranteed_gpus
                 line += f" against a guarantee of {spec.guaranteed_gpus} ({used:.0%})"
