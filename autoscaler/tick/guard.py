@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from autoscaler.fleet.memory import Cooldowns
 from autoscaler.model import (
@@ -60,7 +60,7 @@ from autoscaler.tick.intents import (
     Requests,
 )
 from autoscaler.tick.rules import registration
-from autoscaler.tick.team_limits import TeamLedger, TeamRoom
+from autoscaler.tick.team_limits import Room, TeamLedger, TeamRoom
 from autoscaler.tick.team_share import GPUS, INSTANCES, USD, Share, Unit, split
 
 _INF = math.inf
@@ -212,19 +212,19 @@ class Allowance:
             USD: max(0.0, usd),
         }
 
-    def _share_rooms(self, team: str | None, pool_view: PoolView) -> list[tuple[str, float, str]]:
+    def _share_rooms(self, team: str | None, pool_view: PoolView) -> list[Room]:
         """Instances of this pool the team's share of each binding fleet-wide limit holds."""
         assert self.shares is not None
         share = self.shares[team]
         pool = pool_view.pool
         who = f"team {team}" if team is not None else "work of no team"
-        found: list[tuple[str, float, str]] = []
+        found: list[Room] = []
         if INSTANCES in share:
             found.append(
                 (
                     "max_instances",
                     math.floor(share[INSTANCES] + 1e-9),
-                    f"{who}'s share by weight of the fleet's instance limits",
+                    lambda: f"{who}'s share by weight of the fleet's instance limits",
                 )
             )
         if GPUS in share:
@@ -232,7 +232,7 @@ class Allowance:
                 (
                     "max_gpus",
                     math.floor(share[GPUS] / pool.gpus_per_instance + 1e-9),
-                    f"{who}'s share by weight of limits.max_gpus",
+                    lambda: f"{who}'s share by weight of limits.max_gpus",
                 )
             )
         if USD in share:
@@ -240,7 +240,7 @@ class Allowance:
             room: float = 0
             if price is not None:
                 room = _INF if price <= 0 else math.floor(share[USD] / price + 1e-9)
-            found.append(("budget", room, f"{who}'s share by weight of the fleet's budget"))
+            found.append(("budget", room, lambda: f"{who}'s share by weight of the fleet's budget"))
         return found
 
     def fleet_full(self) -> bool:
@@ -331,11 +331,11 @@ class Allowance:
         pool: str,
         requested: int,
         room: float,
-        why: str | None = None,
+        why: Callable[[], str] | None = None,
     ) -> float:
         room = max(0.0, room)
         if room < allowed:
-            detail = why if why is not None else _why(rule, self)
+            detail = why() if why is not None else _why(rule, self)
             self.clamps.append(Clamp(rule, pool, requested, int(room), detail))
             return room
         return allowed

@@ -22,7 +22,7 @@ against no team (docs/teams.md says so).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoscaler.model import CAPACITY_STATES, LIVE_STATES, FleetView, PoolView
@@ -34,6 +34,9 @@ _INF = math.inf
 RULE_GPUS = "team_burst_gpus"
 RULE_USD = "team_burst_usd_per_hour"
 RULE_MONTH = "team_monthly_budget"
+
+# A limit's rule, the instances of a pool it still admits, and why (worked out for a clamp only).
+Room = tuple[str, float, Callable[[], str]]
 
 
 @dataclass(frozen=True)
@@ -91,50 +94,57 @@ class TeamRoom:
     def spec(self, team: str) -> TeamSpec:
         return self.config.spec(team)
 
-    def rooms(self, team: str, pool_view: PoolView) -> list[tuple[str, float, str]]:
+    def rooms(self, team: str, pool_view: PoolView) -> list[Room]:
         """(rule, instances of this pool the team may still have, why) for each of the team's
-        limits."""
+        limits; the why is worked out only for a clamp."""
         spec = self.spec(team)
         use = self.use.get(team, _Use())
         pool = pool_view.pool
         price = pool_view.price.price_per_hour if pool_view.price is not None else None
-        found: list[tuple[str, float, str]] = []
+        found: list[Room] = []
         if spec.burst_gpus is not None:
-            room = max(0, spec.burst_gpus - use.gpus) // pool.gpus_per_instance
+            limit = spec.burst_gpus
             found.append(
                 (
                     RULE_GPUS,
-                    room,
-                    f"team {team}: burst_gpus {spec.burst_gpus} ({use.gpus} GPU(s) held)",
+                    max(0, limit - use.gpus) // pool.gpus_per_instance,
+                    lambda: f"team {team}: burst_gpus {limit} ({use.gpus} GPU(s) held)",
                 )
             )
         if spec.burst_usd_per_hour is not None:
-            limit = spec.burst_usd_per_hour
+            dollars = spec.burst_usd_per_hour
             if use.unpriced or price is None:
-                found.append((RULE_USD, 0, f"team {team}: no price known; burst held"))
+                found.append((RULE_USD, 0, lambda: f"team {team}: no price known; burst held"))
             else:
                 found.append(
                     (
                         RULE_USD,
-                        _fits(limit - use.usd_per_hour, price),
-                        f"team {team}: burst_usd_per_hour ${limit:,.2f} "
-                        f"(${use.usd_per_hour:,.2f}/h held)",
+                        _fits(dollars - use.usd_per_hour, price),
+                        lambda: (
+                            f"team {team}: burst_usd_per_hour ${dollars:,.2f} "
+                            f"(${use.usd_per_hour:,.2f}/h held)"
+                        ),
                     )
                 )
         if spec.monthly_budget_usd is not None:
             projection = self.projection(team)
             if projection is None:
                 found.append(
-                    (RULE_MONTH, 0, f"team {team}: this month's spend is unknown; burst held")
+                    (
+                        RULE_MONTH,
+                        0,
+                        lambda: f"team {team}: this month's spend is unknown; burst held",
+                    )
                 )
             elif price is None:
-                found.append((RULE_MONTH, 0, f"team {team}: no price known; burst held"))
+                found.append((RULE_MONTH, 0, lambda: f"team {team}: no price known; burst held"))
             else:
+                month = projection
                 found.append(
                     (
                         RULE_MONTH,
-                        _fits(projection.room, price * self.hours_left),
-                        f"team {team}: monthly_budget_usd reached: {projection.describe()}",
+                        _fits(month.room, price * self.hours_left),
+                        lambda: f"team {team}: monthly_budget_usd reached: {month.describe()}",
                     )
                 )
         return found

@@ -110,7 +110,10 @@ def split(
         gap = max((fair[r][team] - got[team][r]) / room[r] if room[r] > 0 else 0.0 for r in binding)
         return (-gap, order[team])
 
-    while True:
+    # The least any unit takes of each binding limit: once the room left is below it for any
+    # limit, no unit can be granted any more.
+    least = {r: min((u.amount(r) for u in units if u.amount(r) > 0), default=0.0) for r in binding}
+    while not any(least[r] > 0 and left[r] < least[r] - 1e-9 for r in binding):
         waiting = [t for t in asked if cursor[t] < len(queues[t])]
         if not waiting:
             break
