@@ -35,7 +35,11 @@ from autoscaler.model.teams import TeamsConfig, TeamSpec
 from autoscaler.tick.guard import fallbacks_for, guard
 from autoscaler.tick.intents import Intents, Requests
 from autoscaler.tick.team_limits import TeamLedger
+from policies.baselines import CheapestSpotPolicy, OnDemandPolicy
 from policies.cost_aware import CostAwarePolicy
+from policies.karpenter import KarpenterPolicy
+from policies.skypilot import SkyPilotManagedPolicy
+from policies.slurm_power_save import SlurmPowerSavePolicy
 
 HOUR = 3600.0
 NOW = 1_000_000.0  # 1970-01-12 13:46:40 UTC
@@ -357,3 +361,22 @@ def test_policies_buy_per_team_where_groups_name_teams_and_as_before_without() -
     assert [(x.count, x.team) for x in teamless.launches] == [(1, None)]
     split = policy.decide(view_of(pools, groups=[_group("a", 3), _group("b", 2)]))
     assert sorted((x.count, x.team or "") for x in split.launches) == [(1, "a"), (1, "b")]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        CostAwarePolicy,
+        KarpenterPolicy,
+        SkyPilotManagedPolicy,
+        SlurmPowerSavePolicy,
+        OnDemandPolicy,
+        CheapestSpotPolicy,
+    ],
+)
+def test_every_policy_buys_each_launch_for_one_team(policy: type) -> None:
+    pools = [(EIGHT, 8.0), (pool("od", gpus=8, market="on-demand"), 20.0)]
+    split = policy().decide(view_of(pools, groups=[_group("a", 3), _group("b", 2)]))
+    assert {x.team for x in split.launches} == {"a", "b"}
+    teamless = policy().decide(view_of(pools, groups=[_group(None, 3), _group(None, 2)]))
+    assert teamless.launches and {x.team for x in teamless.launches} == {None}
