@@ -159,10 +159,19 @@ class _Hold:
 
 
 # gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory, team,
-# and the GPU fraction asked for (only where some GPUs may be shared; None otherwise)
+# the GPU fraction asked for (only where some GPUs may be shared; None otherwise), and the
+# priority class
 ONPREM_PLACE = "on-prem"  # where on-prem GPU-seconds are counted, beside the pools' names
 BucketKey = tuple[
-    int, float | None, bool, int, tuple[str, ...], float | None, str | None, float | None
+    int,
+    float | None,
+    bool,
+    int,
+    tuple[str, ...],
+    float | None,
+    str | None,
+    float | None,
+    str | None,
 ]
 CheckpointAsked = Callable[[SimJob, int, float, float], None]
 
@@ -224,6 +233,9 @@ class SimScheduler:
         # Jobs below this seq were submitted before the placement in force was applied; later
         # ones have not been judged by any placement yet (None: no placement applied so far).
         self._judged_below: int | None = None
+        # Whether demand folds per priority class: only once the controller asks
+        # (FoldsPriorityClasses), so that without classes demand is folded as before.
+        self.fold_classes = False
 
     # -- the world changes -------------------------------------------------------------------
 
@@ -407,11 +419,18 @@ class SimScheduler:
 
     # -- the controller's sources ------------------------------------------------------------
 
+    def fold_priority_classes(self) -> None:
+        queued = [job for heap in self._buckets.values() for _, job in heap]
+        self.fold_classes = True
+        self._buckets = {}
+        for job in queued:
+            self._enqueue(job)
+
     def read(self, now: float) -> Sequence[DemandGroup]:
         if self._demand_cache is None:
             groups = []
             for key, heap in sorted(self._buckets.items(), key=_bucket_order):
-                gpus, interval, high, nodes, models, memory, team, fraction = key
+                gpus, interval, high, nodes, models, memory, team, fraction, cls = key
                 if heap:
                     groups.append(
                         DemandGroup.model_construct(
@@ -428,6 +447,7 @@ class SimScheduler:
                                 str(seq) for seq, _ in heapq.nsmallest(NAMED_PENDING, heap)
                             ),
                             team=team,
+                            priority_class=cls,
                         )
                     )
             self._demand_cache = tuple(groups)
@@ -439,7 +459,7 @@ class SimScheduler:
         (by the pool that packs them least well); else one GPU each, as without sharing (a pool
         that does not share would give each a whole GPU, and buying for fewer would leave them
         waiting)."""
-        if fraction is None or not self.pool_sharing:
+        if fraction is None or not self.pool_sharing or jobs == 0:
             return jobs
         if any(p not in self.pool_sharing for p in self._pool_names):
             return jobs
@@ -488,7 +508,8 @@ class SimScheduler:
 
     @property
     def pending_gpus(self) -> int:
-        return sum(key[0] * len(h) for key, h in self._buckets.items())
+        """The GPUs pending jobs ask for, fractional ones as the controller is told of them."""
+        return sum(key[0] * self._folded(key[7], len(h)) for key, h in self._buckets.items())
 
     def team_gpus(self) -> dict[str, tuple[int, int]]:
         """By team: the on-prem GPUs its running jobs hold, and the GPUs its pending jobs ask
@@ -563,6 +584,7 @@ class SimScheduler:
             gpu_models=job.trace.shape.gpu_models,
             min_gpu_memory_gib=job.trace.shape.min_gpu_memory_gib,
             team=job.trace.team,
+            priority_class=job.trace.priority_class,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:
@@ -807,6 +829,7 @@ class SimScheduler:
             trace.min_gpu_memory_gib,
             trace.team,
             trace.gpu_fraction if self.shares else None,
+            trace.priority_class if self.fold_classes else None,
         )
         heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
         self._demand_cache = None
@@ -851,7 +874,7 @@ class SimScheduler:
 
 def _bucket_order(
     item: tuple[BucketKey, object],
-) -> tuple[int, float, bool, int, tuple[str, ...], float, str, float]:
-    (gpus, interval, high, nodes, models, memory, team, fraction), _ = item
+) -> tuple[int, float, bool, int, tuple[str, ...], float, str, float, str]:
+    (gpus, interval, high, nodes, models, memory, team, fraction, cls), _ = item
     order = (gpus, -1.0 if interval is None else interval, high, nodes, models, memory or 0.0)
-    return (*order, team or "", 1.0 if fraction is None else fraction)
+    return (*order, team or "", 1.0 if fraction is None else fraction, cls or "")
