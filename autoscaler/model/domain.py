@@ -284,6 +284,12 @@ class Job(Frozen):
     team: str | None = Field(
         None, max_length=253, description="the team the scheduler names the job's (teams.py)"
     )
+    priority_class: str | None = Field(
+        None,
+        max_length=253,
+        description="the priority class the scheduler names the job's (Slurm QOS, Kubernetes "
+        "priorityClassName; priorities.py)",
+    )
 
     @model_validator(mode="after")
     def _whole(self) -> Job:
@@ -329,6 +335,9 @@ class DemandGroup(Frozen):
     )
     team: str | None = Field(
         None, max_length=253, description="the team the jobs are counted under (teams.py)"
+    )
+    priority_class: str | None = Field(
+        None, max_length=253, description="the priority class of the jobs (priorities.py)"
     )
 
     @model_validator(mode="after")

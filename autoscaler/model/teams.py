@@ -63,6 +63,11 @@ class PriorityClass(Frozen):
         description="aging: work waiting longer than this counts as the next class up, so a "
         "lower class never starves (None: never promoted)",
     )
+    preempt_within_s: PositiveFloat | None = Field(
+        None,
+        description="how long the class's work waits, at most, for on-prem GPUs it preempts "
+        "from lower classes (None: teams.reclaim_within_s)",
+    )
 
 
 class TeamsConfig(Frozen):

@@ -57,6 +57,7 @@ class TraceJob:
     min_gpu_memory_gib: float | None = None
     team: str | None = None
     gpu_fraction: float | None = None
+    priority_class: str | None = None  # the trace's priority_class column ("": None)
     shape: NodeShape = field(init=False)
 
     def __post_init__(self) -> None:
@@ -286,6 +287,7 @@ def load_trace(
                     raw.utilisation,
                 ),
                 raw.utilisation if raw.gpus == 1 and raw.utilisation < 1 else None,
+                raw.priority_class[:253] or None,
             )
         )
     jobs.sort(key=lambda j: (j.submit, j.id))

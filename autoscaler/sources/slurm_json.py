@@ -39,6 +39,7 @@ import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.model.errors import SourceError
+from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
     GpuNeeds,
@@ -109,7 +110,10 @@ class DemandRules:
     ``PartitionNodeLimit``: such a job is demand when its node count is within those limits
     (the partition is only short of nodes, which cloud nodes joining it fix), and not demand
     otherwise or while the limits are unknown. ``team_field`` is the job field that names its
-    team (``account`` by default; None: no team), read through ``team_names``.
+    team (``account`` by default; None: no team), read through ``team_names``. A job's priority
+    class is its QOS, read through ``class_names`` (``teams.priority_classes``): running jobs
+    always name it, pending demand folds per class only with ``fold_classes``
+    (``FoldsPriorityClasses``), so that without classes demand is folded as before.
     """
 
     partitions: frozenset[str] | None = None
@@ -127,6 +131,10 @@ class DemandRules:
     team_names: TeamNames = field(
         default_factory=lambda: TeamNames("squeue --json", "account"), compare=False
     )
+    class_names: ClassNames = field(
+        default_factory=lambda: ClassNames("squeue --json", "qos"), compare=False
+    )
+    fold_classes: bool = False
 
 
 @dataclass(frozen=True)
@@ -674,6 +682,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
     priority_min = rules.high_priority_min
     team_field = rules.team_field
     teams = rules.team_names
+    classes = rules.class_names if rules.fold_classes else None
     seen: set[int] = set()
     for job in jobs:
         try:
@@ -706,6 +715,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 raise BadFieldError("is listed twice (the output is corrupted)")
             seen.add(job_id)
             team = teams(job.get(team_field)) if team_field else None
+            priority_class = classes(job.get("qos")) if classes is not None else None
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         except _SkippedJobError as exc:
@@ -722,6 +732,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 nodes,
                 needs.min_gpu_memory_gib,
                 team,
+                priority_class,
             ),
             float(submitted),
             copies,
@@ -789,6 +800,7 @@ def pending_jobs(text: str | bytes, rules: DemandRules) -> list[Job]:
                     min_gpu_memory_gib=key.min_gpu_memory_gib,
                     partition=key.partition,
                     team=key.team,
+                    priority_class=key.priority_class,
                 )
             )
     return jobs
@@ -850,6 +862,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             needs = memo.gpu_needs(job, _job_gpus(job, memo)[1])
             job_id = str(_job_id(job))
             team = rules.team_names(job.get(rules.team_field)) if rules.team_field else None
+            priority_class = rules.class_names(job.get("qos"))
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         for node, count in zip(nodes, gpus, strict=True):
@@ -867,6 +880,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     gpu_models=needs.gpu_models,
                     min_gpu_memory_gib=needs.min_gpu_memory_gib,
                     team=team,
+                    priority_class=priority_class,
                 )
             )
     return by_node

@@ -25,6 +25,18 @@ class QueueSource(Protocol):
     def read(self, now: float) -> Sequence[DemandGroup]: ...
 
 
+@runtime_checkable
+class FoldsPriorityClasses(Protocol):
+    """A queue source that can fold its demand per priority class (a Slurm job's QOS, a pod's
+    ``priorityClassName``, a trace's ``priority_class``): each group then names its class.
+
+    It folds without classes until asked, so that where the config lists no
+    ``teams.priority_classes`` demand is folded, and so planned, exactly as before; the observer
+    asks where the config lists classes. Running jobs name their class either way."""
+
+    def fold_priority_classes(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class NodeUsage:
     """What the scheduler and telemetry say of one node (on-prem or a joined cloud instance)."""
@@ -114,6 +126,8 @@ class RunningJob:
     min_gpu_memory_gib: float | None = None
     # The team the job's GPUs count for (the source's ``team_from``), None when it names none.
     team: str | None = None
+    # Its priority class (Slurm QOS, Kubernetes priorityClassName), None when it names none.
+    priority_class: str | None = None
 
 
 @runtime_checkable
@@ -188,14 +202,15 @@ class GroupKey(NamedTuple):
     nodes: int = 1
     min_gpu_memory_gib: float | None = None
     team: str | None = None
+    priority_class: str | None = None
 
 
 _job_key = operator.attrgetter(*GroupKey._fields)
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
-    """Fold pending jobs into demand groups: same shape, checkpoint interval, class, queue
-    and team."""
+    """Fold pending jobs into demand groups: same shape, checkpoint interval, urgency, queue,
+    team and priority class."""
     counts: dict[tuple[object, ...], int] = {}
     named: dict[tuple[object, ...], OldestJobs] = {}
     bounds: dict[tuple[object, ...], float] = {}
@@ -276,6 +291,7 @@ def groups_from_counts(
             oldest_submit_time=oldest[key],
             oldest_jobs=ids.get(key, ()),
             team=key.team,
+            priority_class=key.priority_class,
         )
         for key in sorted(counts, key=_group_order)
     ]
@@ -283,7 +299,7 @@ def groups_from_counts(
 
 def _group_order(
     key: GroupKey,
-) -> tuple[int, float, bool, tuple[str, ...], str, int, float, str]:
+) -> tuple[int, float, bool, tuple[str, ...], str, int, float, str, str]:
     return (
         key.gpus,
         key.checkpoint_interval_s if key.checkpoint_interval_s is not None else -1.0,
@@ -293,6 +309,7 @@ def _group_order(
         key.nodes,
         key.min_gpu_memory_gib or 0.0,
         key.team or "",
+        key.priority_class or "",
     )
 
 

@@ -34,6 +34,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from autoscaler.model import DemandGroup, Placement, Pool
@@ -157,6 +158,10 @@ class KubernetesSource:
         with self._lock:
             self._nodes = nodes
         return nodes
+
+    def fold_priority_classes(self) -> None:
+        """Fold demand per pod ``priorityClassName`` from now on (``FoldsPriorityClasses``)."""
+        self.rules = replace(self.rules, fold_classes=True)
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         fits = self._unmet_of if self._fits else None

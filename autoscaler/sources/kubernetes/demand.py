@@ -198,7 +198,7 @@ def pending_demand(
         if pod.gang:
             gangs.setdefault(pod.gang, _Gang()).members.append(pod)
             continue
-        add(_key(pod, gpus, 1), pod.id, pod.created)
+        add(_key(pod, gpus, 1, rules.fold_classes), pod.id, pod.created)
     for name, gang in gangs.items():
         gang.running = bound_members.get(name, 0)
         nodes = len(gang.members)
@@ -219,7 +219,8 @@ def pending_demand(
             None,
             nodes,
             first.min_gpu_memory_gib,
-            first.team,  # a gang's team is its first member's
+            first.team,  # a gang's team and class are its first member's
+            first.priority_class if rules.fold_classes else None,
         )
         add(key, name, first.created)
         reading.pending += len(gang.members) - 1
@@ -231,7 +232,7 @@ def pending_demand(
     return reading
 
 
-def _key(pod: Pod, gpus: int, nodes: int) -> GroupKey:
+def _key(pod: Pod, gpus: int, nodes: int, fold_classes: bool) -> GroupKey:
     return GroupKey(
         gpus * nodes,
         pod.spot_safe_interval,
@@ -241,6 +242,7 @@ def _key(pod: Pod, gpus: int, nodes: int) -> GroupKey:
         nodes,
         pod.min_gpu_memory_gib,
         pod.team,
+        pod.priority_class if fold_classes else None,
     )
 
 

@@ -301,6 +301,7 @@ def running_jobs(
                 gpu_models=pod.gpu_models,
                 min_gpu_memory_gib=pod.min_gpu_memory_gib,
                 team=pod.team,
+                priority_class=pod.priority_class,
             )
         )
     return by_node, bad

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.kubernetes.fit import NodeNeeds, Requirement
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
 from autoscaler.sources.team_names import TeamNames
@@ -67,6 +68,10 @@ class PodRules:
     team_names: TeamNames = field(
         default_factory=lambda: TeamNames("kubernetes", "namespace"), compare=False
     )
+    class_names: ClassNames = field(
+        default_factory=lambda: ClassNames("kubernetes", "spec.priorityClassName"), compare=False
+    )
+    fold_classes: bool = False  # whether demand folds per priority class (FoldsPriorityClasses)
 
     @classmethod
     def of(cls, settings: KubernetesSettings, where: str = "kubernetes") -> PodRules:
@@ -93,6 +98,7 @@ class PodRules:
                 where,
                 f"label {settings.team_label}" if settings.team_label else "namespace",
             ),
+            class_names=ClassNames(where, "spec.priorityClassName"),
         )
 
 
@@ -133,6 +139,7 @@ class Pod:
     mirror: bool = False
     needs: NodeNeeds = field(default_factory=NodeNeeds)
     team: str | None = None
+    priority_class: str | None = None  # spec.priorityClassName
 
     @property
     def id(self) -> str:
@@ -501,4 +508,5 @@ def read_pod(obj: Any, rules: PodRules, times: Times) -> Pod:
         needs=needs,
         mirror=MIRROR in annotations,
         team=rules.team_names(labels.get(rules.team_label) if rules.team_label else namespace),
+        priority_class=rules.class_names(spec.get("priorityClassName")),
     )
