@@ -301,6 +301,7 @@ def test_pending_fractions_reach_the_controller_as_their_slices_rounded_up() -> 
     s.submit(TraceJob("w", 0.0, 100.0, 1, 1.0, None, 0.0, False), 0.0)
     groups = s.read(0.0)
     assert sorted(g.jobs for g in groups) == [1, 3]  # 9 quarters: 3 GPUs; the whole job: 1
+    assert s.pending_gpus == 4
     # a pool that does not share would give each a whole GPU: they are asked for one each
     plain = SimScheduler(clock, 5.0, lambda job, end: None, None, {"od": sliced(4)}, ["od", "x"])
     for i in range(9):
