@@ -412,3 +412,17 @@ def test_spend_journaled_before_version_3_is_the_unknown_line_of_the_report(
     cents = {t.team: t.cost_cents for t in policy.teams}
     assert cents == {"ml": 300, UNKNOWN: 300}
     assert sum(cents.values()) == round(policy.cost * 100) == 600
+
+
+def test_a_period_cut_inside_a_day_still_adds_up_to_the_cost_to_the_cent(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    journal = open_sqlite(path)
+    run_ticks(fleet(journal), 80, seed=5)
+    journal.close()
+    for since, until in ((T0 + 3 * 3600, None), (None, T0 + 5 * 3600), (T0 + 3600, T0 + 7200)):
+        report = build_journal_report(read_journal(path, None, since, until), since, until)
+        (policy,) = report.policies
+        assert policy.cost > 0
+        assert sum(t.cost_cents for t in policy.teams) == round(policy.cost * 100)
