@@ -52,7 +52,7 @@ from autoscaler.tick.guard import guard, validate_plan
 from autoscaler.tick.intents import Intents
 from autoscaler.tick.observe import Observation, Observer, Signals
 from autoscaler.tick.retry import RetryPolicy
-from autoscaler.tick.rules import controller_requests, rebalance_onprem, reclaim
+from autoscaler.tick.rules import controller_requests, preempt, rebalance_onprem, reclaim
 from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
 
 log = logging.getLogger(__name__)
@@ -207,9 +207,19 @@ class Controller:
             moves,
         )
         moves += reclaimed.moves
+        preempted = preempt.preempt(
+            view,
+            self.config.teams,
+            observation.running,
+            observation.onprem_jobs,
+            placement,
+            self.config.tick_seconds,
+            moves,
+        )
+        moves += preempted.moves
         plan, held = self._decide(
             rebalance_onprem.view_for_policy(
-                view, observation.onprem_jobs, moves, reclaimed.awaited
+                view, observation.onprem_jobs, moves, reclaimed.awaited | preempted.awaited
             )
         )
         billed = self._billed_now(view) if self.journal is not None else []

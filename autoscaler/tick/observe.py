@@ -32,10 +32,12 @@ from autoscaler.model import (
 )
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import describe
+from autoscaler.model.priorities import ClassBook
 from autoscaler.model.teams import TeamBook
 from autoscaler.spi.provider import Provider
 from autoscaler.spi.sources import (
     CheckpointingScheduler,
+    FoldsPriorityClasses,
     JobsByNode,
     MovesJobsOff,
     NodeReading,
@@ -133,10 +135,22 @@ class Observer:
         )
         # The teams jobs name, said once each when the config lists teams and not theirs.
         self.teams = TeamBook(config.teams) if config.teams is not None else None
-        # Teams with guarantees: the reclaim rule needs the moves in flight and the holds.
-        self._guarantees = config.teams is not None and any(
-            t.guaranteed_gpus for t in (*config.teams.teams.values(), config.teams.unassigned)
+        # Teams with guarantees, or classes that preempt: the reclaim and preempt rules need
+        # the moves in flight and the holds.
+        self._guarantees = config.teams is not None and (
+            any(t.guaranteed_gpus for t in (*config.teams.teams.values(), config.teams.unassigned))
+            or any(c.preempts for c in config.teams.priority_classes.values())
         )
+        # The priority classes jobs name, where the config lists classes: they order demand.
+        self.classes = (
+            ClassBook(config.teams.priority_classes)
+            if config.teams is not None and config.teams.priority_classes
+            else None
+        )
+        if self.classes is not None:
+            for source in signals.queues:
+                if isinstance(source, FoldsPriorityClasses):
+                    source.fold_priority_classes()
         self._pools_by_provider: dict[str, list[Pool]] = {}
         for pool in config.pools:
             self._pools_by_provider.setdefault(pool.provider, []).append(pool)
@@ -186,6 +200,8 @@ class Observer:
         if self.teams is not None:
             for group in demand.groups:
                 self.teams.name(group.team)
+        if self.classes is not None:
+            demand = self.classes.rank(demand, now)
         reading = self._read_nodes(now, errors, status)
         underused = self._underused(now, reading.cloud)
         for inbox in self.signals.notices:

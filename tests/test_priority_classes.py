@@ -1,0 +1,407 @@
+"""Priority classes (``teams.priority_classes``): how a job's class resolves, how aging promotes
+a waiting group, how a class kept off spot and the classes' order reach the policy
+(``autoscaler/model/priorities.py``), whom the preempt rule takes GPUs from and when
+(``autoscaler/tick/rules/preempt.py``), and, replayed through the real controller in the
+simulator, the issue's promise: work of a preempting class that arrives on a fleet full of lower
+classes' work starts within its bound, with no cloud capacity to buy."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_sim_engine import TRACE_HEADER
+
+from autoscaler.model import Capacity, Demand, DemandGroup, FleetView, OnPremNode, Placement
+from autoscaler.model.priorities import UNLISTED, ClassBook, promoted_order, resolve
+from autoscaler.model.teams import PriorityClass, TeamsConfig
+from autoscaler.sim import replay
+from autoscaler.spi.sources import GroupKey, HeldOff, RunningJob, aggregate
+from autoscaler.tick.intents import MoveJobs
+from autoscaler.tick.rules import preempt
+from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+from autoscaler.tick.rules.reclaim import Reclaim
+
+NOW = 10_000.0
+TICK = 60.0
+CLASSES = {
+    "batch": PriorityClass(order=0, promote_after_s=600.0),
+    "normal": PriorityClass(order=5, promote_after_s=1_200.0),
+    "urgent": PriorityClass(order=10, spot=False, preempts=True),
+}
+TEAMS = TeamsConfig(priority_classes=CLASSES, reclaim_within_s=900.0)
+
+
+def group(
+    cls: str | None, submitted: float = NOW, gpus: int = 1, job_id: str = "p", jobs: int = 1
+) -> DemandGroup:
+    return DemandGroup(
+        gpus_per_job=gpus,
+        jobs=jobs,
+        checkpoint_interval_s=600.0,
+        priority_class=cls,
+        oldest_submit_time=submitted,
+        oldest_jobs=(job_id,),
+    )
+
+
+# -- resolution and aging ----------------------------------------------------------------------
+
+
+def test_a_class_the_config_does_not_list_is_order_0_on_spot_never_preempting_or_promoted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert resolve(CLASSES, "urgent") == CLASSES["urgent"]
+    assert resolve(CLASSES, None) is UNLISTED
+    assert resolve(CLASSES, "") is UNLISTED
+    unknown = resolve(CLASSES, "gold")
+    assert (unknown.order, unknown.spot, unknown.preempts, unknown.promote_after_s) == (
+        0,
+        True,
+        False,
+        None,
+    )
+    book = ClassBook(CLASSES)
+    with caplog.at_level(logging.WARNING, logger="autoscaler.model.priorities"):
+        for _ in range(3):
+            assert book.of("gold") is UNLISTED
+        book.of("urgent")
+        book.of(None)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "'gold'" in said[0], said
+
+
+def test_aging_promotes_one_class_per_promote_after_s_of_the_class_reached() -> None:
+    assert promoted_order(CLASSES, "batch", 0.0) == 0
+    assert promoted_order(CLASSES, "batch", 600.0) == 0  # longer than, not as long as
+    assert promoted_order(CLASSES, "batch", 601.0) == 5
+    # then normal's 1,200 s more to the next class up
+    assert promoted_order(CLASSES, "batch", 600.0 + 1_200.0) == 5
+    assert promoted_order(CLASSES, "batch", 600.0 + 1_201.0) == 10
+    assert promoted_order(CLASSES, "batch", 1e9) == 10  # the top is as far as it goes
+    assert promoted_order(CLASSES, "urgent", 1e9) == 10  # never promoted
+    assert promoted_order(CLASSES, "gold", 1e9) == 0  # not listed: never promoted
+
+
+def test_aging_skips_no_order_and_stops_at_a_class_never_promoted() -> None:
+    classes = {
+        "low": PriorityClass(order=-3, promote_after_s=10.0),
+        "mid": PriorityClass(order=2),
+        "top": PriorityClass(order=7),
+    }
+    assert promoted_order(classes, "low", 11.0) == 2
+    assert promoted_order(classes, "low", 1e9) == 2
+
+
+# -- placed first, kept off spot -----------------------------------------------------------------
+
+
+def test_groups_are_ordered_by_aged_class_highest_first_and_stable_otherwise() -> None:
+    book = ClassBook(CLASSES)
+    groups = (
+        group("batch", NOW, job_id="b-new"),
+        group(None, NOW, job_id="none"),
+        group("normal", NOW, job_id="n"),
+        group("urgent", NOW, job_id="u"),
+        group("batch", NOW - 700.0, job_id="b-aged"),  # aged into normal
+        group("gold", NOW, job_id="gold"),
+    )
+    ranked = book.rank(Demand(groups=groups), NOW)
+    assert [g.oldest_jobs[0] for g in ranked.groups] == [
+        "u",
+        "n",
+        "b-aged",
+        "b-new",
+        "none",
+        "gold",
+    ]
+
+
+def test_a_class_kept_off_spot_is_high_priority_so_every_placement_keeps_it_off_spot() -> None:
+    book = ClassBook(CLASSES)
+    ranked = book.rank(Demand(groups=(group("urgent"), group("batch"))), NOW)
+    urgent, batch = ranked.groups
+    assert urgent.high_priority and not urgent.spot_safe
+    assert not batch.high_priority and batch.spot_safe
+    placement = Placement(protect_high_priority=True)
+    assert Capacity.SPOT not in placement.tiers(True, urgent.high_priority)
+    assert Capacity.SPOT in placement.tiers(True, batch.high_priority)
+
+
+def test_without_classes_demand_is_left_as_it_is() -> None:
+    demand = Demand(groups=(group("batch"), group("urgent")))
+    assert ClassBook({}).rank(demand, NOW) is demand
+
+
+def test_demand_folds_per_class() -> None:
+    from autoscaler.model import Job
+
+    jobs = [
+        Job(id=str(i), gpus=1, submit_time=float(i), priority_class=cls)
+        for i, cls in enumerate(["a", "b", "a", None])
+    ]
+    folded = {g.priority_class: g.jobs for g in aggregate(jobs)}
+    assert folded == {"a": 2, "b": 1, None: 1}
+    assert GroupKey._fields[-1] == "priority_class"
+
+
+# -- the preempt rule ----------------------------------------------------------------------------
+
+
+def job(
+    job_id: str,
+    node: str,
+    gpus: int,
+    cls: str | None,
+    started: float,
+    *,
+    signal: bool = True,
+    nodes: int = 1,
+) -> RunningJob:
+    return RunningJob(
+        job_id,
+        node,
+        gpus,
+        started,
+        600.0,
+        20.0,
+        "USR1" if signal else None,
+        nodes=nodes,
+        priority_class=cls,
+    )
+
+
+def view_of(nodes: Sequence[OnPremNode], groups: Sequence[DemandGroup]) -> FleetView:
+    return FleetView(
+        now=NOW,
+        tick=1,
+        fleet_id="f",
+        pools=(),
+        onprem=tuple(nodes),
+        demand=Demand(groups=tuple(groups), known=True),
+    )
+
+
+def full_fleet() -> tuple[list[OnPremNode], dict[str, list[RunningJob]]]:
+    """Two 4-GPU nodes full of lower classes' work."""
+    nodes = [OnPremNode(name=n, gpus=4, gpus_allocated=4) for n in ("a", "b")]
+    jobs = {
+        "a": [job("a1", "a", 2, "batch", 100.0), job("a2", "a", 2, "normal", 900.0)],
+        "b": [job("b1", "b", 1, None, 500.0), job("b2", "b", 3, "batch", 800.0)],
+    }
+    return nodes, jobs
+
+
+def preempted(
+    groups: Sequence[DemandGroup],
+    nodes: Sequence[OnPremNode] | None = None,
+    jobs: dict[str, list[RunningJob]] | None = None,
+    teams: TeamsConfig = TEAMS,
+    onprem: OnPremJobs | None = None,
+    taken: Sequence[MoveJobs] = (),
+) -> Reclaim:
+    default_nodes, default_jobs = full_fleet()
+    return preempt.preempt(
+        view_of(nodes if nodes is not None else default_nodes, groups),
+        teams,
+        jobs if jobs is not None else default_jobs,
+        onprem if onprem is not None else OnPremJobs({}),
+        Placement(),
+        TICK,
+        taken,
+    )
+
+
+def test_a_preempting_class_takes_the_fewest_lower_class_gpus_by_the_bound() -> None:
+    found = preempted([group("urgent", NOW - 800.0, gpus=2)]).moves
+    assert len(found) == 1
+    move = found[0]
+    assert move.for_job == "p"
+    # node a frees 2 GPUs by its youngest 2-GPU job; node b would need its 3-GPU job
+    assert move.node == "a" and [j.id for j in move.jobs] == ["a2"]
+    assert move.by == NOW - 800.0 + 900.0 - TICK
+    assert "urgent" in move.reason and "a2 (normal)" in move.reason
+
+
+def test_a_class_of_its_own_bound_keeps_it() -> None:
+    classes = dict(CLASSES, urgent=CLASSES["urgent"].model_copy(update={"preempt_within_s": 300.0}))
+    teams = TeamsConfig(priority_classes=classes, reclaim_within_s=900.0)
+    found = preempted([group("urgent", NOW - 200.0, gpus=2)], teams=teams).moves
+    assert [m.by for m in found] == [NOW - 200.0 + 300.0 - TICK]
+
+
+def test_the_rule_waits_while_the_gpus_may_come_free_and_hides_the_job_meanwhile() -> None:
+    found = preempted([group("urgent", NOW, gpus=2)])
+    assert found.moves == []
+    assert found.awaited == {"p"}
+
+
+def test_equal_or_higher_classes_and_multi_node_jobs_are_never_taken() -> None:
+    nodes = [OnPremNode(name="a", gpus=4, gpus_allocated=4)]
+    jobs = {
+        "a": [
+            job("peer", "a", 2, "urgent", 900.0),
+            job("gang", "a", 1, "batch", 800.0, nodes=2),
+            job("low", "a", 1, "batch", 100.0),
+        ]
+    }
+    assert preempted([group("urgent", NOW - 800.0, gpus=2)], nodes, jobs).moves == []
+    found = preempted([group("urgent", NOW - 800.0, gpus=1)], nodes, jobs).moves
+    assert [j.id for m in found for j in m.jobs] == ["low"]
+
+
+def test_a_class_that_does_not_preempt_takes_nothing() -> None:
+    assert preempted([group("normal", NOW - 800.0, gpus=2)]).moves == []
+    assert preempted([group(None, NOW - 800.0, gpus=2)]).moves == []
+
+
+def test_free_room_that_fits_is_left_to_the_scheduler() -> None:
+    nodes = [OnPremNode(name="a", gpus=4, gpus_allocated=2)]
+    jobs = {"a": [job("l", "a", 2, "batch", 0.0)]}
+    assert preempted([group("urgent", NOW - 800.0, gpus=2)], nodes, jobs).moves == []
+
+
+def test_checkpointing_jobs_go_first_and_each_job_gets_a_node_of_its_own() -> None:
+    nodes = [OnPremNode(name=n, gpus=2, gpus_allocated=2) for n in ("a", "b")]
+    jobs = {
+        "a": [
+            job("young-silent", "a", 1, "batch", 900.0, signal=False),
+            job("old-saving", "a", 1, "batch", 100.0),
+        ],
+        "b": [job("b1", "b", 2, "batch", 100.0)],
+    }
+    two = DemandGroup(
+        gpus_per_job=1,
+        jobs=2,
+        priority_class="urgent",
+        oldest_submit_time=NOW - 800.0,
+        oldest_jobs=("p", "q"),
+    )
+    found = preempted([two], nodes, jobs).moves
+    assert [(m.for_job, m.node, [j.id for j in m.jobs]) for m in found] == [
+        ("p", "a", ["old-saving"]),
+        ("q", "b", ["b1"]),
+    ]
+
+
+def test_moves_already_asked_for_and_holds_are_left_alone() -> None:
+    _, jobs = full_fleet()
+    other = MoveJobs("a", (jobs["a"][1],), "x", "reclaim", by=NOW)
+    found = preempted([group("urgent", NOW - 800.0, gpus=2)], taken=[other]).moves
+    assert [(m.node, [j.id for j in m.jobs]) for m in found] == [("b", ["b2"])]
+    held = OnPremJobs({}, held=(HeldOff("a2", "a", "p", NOW - 60.0),))
+    # the job already has room being made for it
+    assert preempted([group("urgent", NOW - 800.0, gpus=2)], onprem=held).moves == []
+
+
+def test_nothing_without_classes_or_when_demand_is_unknown() -> None:
+    nodes, jobs = full_fleet()
+    view = view_of(nodes, [group("urgent", NOW - 800.0, gpus=2)])
+    assert preempt.preempt(view, None, jobs, OnPremJobs({}), Placement(), TICK).moves == []
+    assert preempt.preempt(view, TEAMS, None, OnPremJobs({}), Placement(), TICK).moves == []
+    unknown = view.model_copy(update={"demand": view.demand.model_copy(update={"known": False})})
+    assert preempt.preempt(unknown, TEAMS, jobs, OnPremJobs({}), Placement(), TICK).moves == []
+
+
+# -- replayed through the controller -----------------------------------------------------------
+
+SCENARIO = """\
+name: preempt
+seed: 1
+start: "2024-01-01T00:00:00Z"
+wait_target_s: 120
+trace: {file: trace.csv, window_start_s: 0, window_end_s: 30000}
+checkpointing:
+  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
+teams: {from_user_group: true}
+onprem:
+ONPREM
+controller:
+  fleet_id: preempt
+  tick_seconds: 60
+  teams:
+    priority_classes:
+      urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
+      normal: {order: 5}
+      batch: {order: 0}
+  limits: {max_instances: 0, scale_down_cooldown_s: 0}
+  pools:
+    - {name: od, market: on-demand, provider: aws, region: r1, instance_type: small,
+       gpus_per_instance: 1, boot_seconds: 60}
+policies:
+  - name: cost-aware
+market:
+  price_files: [prices.csv]
+  availability_file: avail.csv
+"""
+
+
+def row(job_id: str, submit: int, duration: int, gpus: int, cls: str, preemptible: int) -> str:
+    return (
+        f"{job_id},{submit},{submit},{duration},{gpus},1.0,4,Succeeded,0,{cls},{cls},"
+        f"{preemptible},,none,\n"
+    )
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
+    nodes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    within = draw(st.sampled_from([300.0, 600.0, 900.0]))
+    rows = []
+    # lower classes fill every GPU with long jobs, some of which cannot checkpoint
+    for n, gpus in enumerate(nodes):
+        left = gpus
+        k = 0
+        while left:
+            size = draw(st.integers(1, left))
+            cls = draw(st.sampled_from(["batch", "normal", "unlisted"]))
+            rows.append(row(f"l{n}-{k}", 0, 20_000, size, cls, draw(st.integers(0, 1))))
+            left -= size
+            k += 1
+    # one job of the preempting class arrives once the fleet is full (several in a row are not
+    # kept: a job requeued for the first may take what is freed for the next, the simulator's
+    # scheduler ordering by age, not class)
+    gpus = draw(st.integers(1, max(nodes)))
+    submit = draw(st.integers(300, 6_000))
+    rows.append(row("u0", submit, 3_000, gpus, "urgent", draw(st.integers(0, 1))))
+    return nodes, within, rows
+
+
+def replay_case(tmp_path: Path, nodes: list[int], within: float, rows: list[str]) -> list[float]:
+    """The preempting class's waits, replayed."""
+    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
+    (tmp_path / "prices.csv").write_text(
+        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
+        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
+    )
+    (tmp_path / "avail.csv").write_text(
+        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
+        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
+    )
+    onprem = "".join(f"  - {{name: n{i}, gpus: {g}}}\n" for i, g in enumerate(nodes))
+    text = SCENARIO.replace("ONPREM\n", onprem).replace("WITHIN", str(within))
+    (tmp_path / "scenario.yaml").write_text(textwrap.dedent(text))
+    result = replay(tmp_path / "scenario.yaml", "cost-aware")
+    # each job's team is its class (the trace's user_group), so its waits are told apart
+    return [w for w, t in zip(result.waits_s, result.wait_teams, strict=True) if t == "urgent"]
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=fleets())
+def test_replayed_a_preempting_class_starts_within_its_bound(
+    tmp_path: Path, case: tuple[list[int], float, list[str]]
+) -> None:
+    nodes, within, rows = case
+    waits = replay_case(tmp_path, nodes, within, rows)
+    assert waits, "the preempting job ran"
+    # No cloud capacity may be bought (max_instances 0): only preemption can start it.
+    assert max(waits) <= within, (waits, within, nodes)
