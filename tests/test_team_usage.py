@@ -345,6 +345,9 @@ def test_without_teams_in_the_config_everything_is_unknown_never_dropped(tmp_pat
     assert {s.team for s in lines} == {UNKNOWN}
     assert sum(s.usd_micros for s in lines) == journal.cost_units().usd_micros > 0
     journal.close()
+    # the report has nothing to say per team then: no Teams table
+    report = build_journal_report(read_journal(tmp_path / "j.db", None, None, None))
+    assert report.policies[0].teams == [] and report.policies[0].cost > 0
 
 
 def test_metrics_count_each_teams_gpu_seconds_and_dollars(tmp_path: Path) -> None:

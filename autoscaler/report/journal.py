@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from autoscaler.fleet.team_usage import UNKNOWN
 from autoscaler.model.errors import InputError
 from autoscaler.model.secrets import read_secret_env
 from autoscaler.model.teams import TeamsConfig
@@ -505,12 +506,15 @@ def journal_teams(
     teams: TeamsConfig | None,
 ) -> tuple[list[TeamResult], TeamTotals | None]:
     """The Teams table: each team's on-prem and cloud GPU-hours and its cents of the cost,
-    which add up to the policy's cost to the cent (``journal_teams``)."""
+    which add up to the policy's cost to the cent (``journal_teams``). None where every line
+    is unknown (a controller whose config lists no teams)."""
     if not records.team_usage:
         return [], None
     totals = team_totals(
         records.team_usage, {p: usd for p, (usd, _h) in spend.by("pool").items()}, since, until
     )
+    if set(totals.teams) <= {UNKNOWN}:  # a controller with no teams: nothing to say per team
+        return [], None
     return [
         TeamResult(
             team=team,
