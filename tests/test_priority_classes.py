@@ -7,20 +7,35 @@ classes' work starts within its bound, with no cloud capacity to buy."""
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import textwrap
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from k8s_cluster import pod, tried
 from test_sim_engine import TRACE_HEADER
 
 from autoscaler.model import Capacity, Demand, DemandGroup, FleetView, OnPremNode, Placement
 from autoscaler.model.priorities import UNLISTED, ClassBook, promoted_order, resolve
 from autoscaler.model.teams import PriorityClass, TeamsConfig
 from autoscaler.sim import replay
+from autoscaler.sources.kubernetes.demand import pending_demand
+from autoscaler.sources.kubernetes.pods import PodRules, Times, read_pod
+from autoscaler.sources.kubernetes.settings import KubernetesSettings
+from autoscaler.sources.slurm import DEFAULT_IGNORED_REASONS
+from autoscaler.sources.slurm_json import (
+    DemandRules,
+    demand_groups,
+    pending_jobs,
+    read_running_jobs,
+)
 from autoscaler.spi.sources import GroupKey, HeldOff, RunningJob, aggregate
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules import preempt
@@ -405,3 +420,73 @@ def test_replayed_a_preempting_class_starts_within_its_bound(
     assert waits, "the preempting job ran"
     # No cloud capacity may be bought (max_instances 0): only preemption can start it.
     assert max(waits) <= within, (waits, within, nodes)
+
+
+# -- the sources -------------------------------------------------------------------------------
+
+CAPTURED = json.loads((Path(__file__).parent / "data" / "slurm" / "squeue.json").read_text())
+
+
+def _captured(state: str) -> dict[str, Any]:
+    """A GPU job in ``state`` as Slurm 22.05's ``squeue --json`` writes it (every field)."""
+    for found in CAPTURED["jobs"]:
+        if found["job_state"] == state and found["tres_per_node"]:
+            return dict(found)
+    raise AssertionError(f"the captured queue has a {state} GPU job")
+
+
+def _queue(state: str, *qos: Any) -> str:
+    base = _captured(state)
+    jobs = []
+    for index, value in enumerate(qos):
+        one = copy.deepcopy(base)
+        one.update(job_id=900_000 + index, qos=value, array_task_string="")
+        jobs.append(one)
+    return json.dumps({**CAPTURED, "jobs": jobs})
+
+
+def _classes(groups: Sequence[DemandGroup]) -> dict[str | None, int]:
+    found: dict[str | None, int] = {}
+    for g in groups:
+        found[g.priority_class] = found.get(g.priority_class, 0) + g.jobs
+    return found
+
+
+def test_slurm_demand_folds_per_qos_only_when_asked_and_bad_values_count_in_no_class(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = _queue("PENDING", "urgent", "urgent", "normal", "", "bad\nqos", 7, "bad\nqos")
+    rules = DemandRules(ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS))
+    assert _classes(demand_groups(text, rules)) == {None: 7}
+    folding = replace(rules, fold_classes=True)
+    with caplog.at_level(logging.WARNING):
+        groups = demand_groups(text, folding)
+        assert demand_groups(text, folding) == groups
+    assert _classes(groups) == {"urgent": 2, "normal": 1, None: 4}
+    said = [r.getMessage() for r in caplog.records if "no priority class" in r.getMessage()]
+    assert len(said) == 2, said  # each bad value once, whatever its jobs and reads
+    assert all("\n" not in line for line in said)
+    jobs = pending_jobs(text, folding)
+    assert [j.priority_class for j in jobs if j.id == "900000"] == ["urgent"]
+
+
+def test_slurm_running_jobs_name_their_qos() -> None:
+    text = _queue("RUNNING", "batch", None)
+    rules = DemandRules(ignored_reasons=frozenset(DEFAULT_IGNORED_REASONS))
+    by_node = read_running_jobs(text, rules)
+    found = {j.id: j.priority_class for jobs in by_node.values() for j in jobs}
+    assert found == {"900000": "batch", "900001": None}
+
+
+def test_kubernetes_demand_folds_per_priority_class_name_only_when_asked() -> None:
+    rules = PodRules.of(KubernetesSettings())
+    pods = [
+        tried(pod("a", "ml", gpus=1, priority_class="urgent", created=1)),
+        tried(pod("b", "ml", gpus=1, priority_class="urgent", created=2)),
+        tried(pod("c", "ml", gpus=1, created=3)),
+    ]
+    assert _classes(pending_demand(pods, rules).groups) == {None: 3}
+    folded = pending_demand(pods, replace(rules, fold_classes=True)).groups
+    assert _classes(folded) == {"urgent": 2, None: 1}
+    read = read_pod(pods[0], rules, Times())
+    assert read.priority_class == "urgent"
