@@ -39,6 +39,7 @@ from autoscaler.report.journal import build_journal_report, read_journal
 from autoscaler.spi.sources import NodeUsage, RunningJob
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.retry import RetryPolicy
+from autoscaler.tick.tick_metrics import MAX_TEAM_SERIES
 from policies.cost_aware import CostAwareParams, CostAwarePolicy
 
 TEAMS = ("ml", "research", "web")
@@ -429,3 +430,35 @@ def test_a_period_cut_inside_a_day_still_adds_up_to_the_cost_to_the_cent(
         (policy,) = report.policies
         assert policy.cost > 0
         assert sum(t.cost_cents for t in policy.teams) == round(policy.cost * 100)
+
+
+def test_team_series_stop_at_the_cap_however_many_teams_a_scheduler_names(
+    tmp_path: Path,
+) -> None:
+    metrics = Metrics()
+    f = fleet(None, metrics)
+    f.clock.advance(60)
+    report = f.controller.tick()
+    observation = f.controller.last_observation
+    recorder = f.controller.recorder
+    assert observation is not None and recorder is not None
+    many = {(f"team-{i:04d}", "a"): Usage(1000, 10) for i in range(MAX_TEAM_SERIES + 100)}
+    held = tick_holders(
+        {
+            "n1": [
+                RunningJob(f"j{i}", "n1", 1, 0.0, team=f"t{i}")
+                for i in range(MAX_TEAM_SERIES + 100)
+            ]
+        },
+        [("n1", 8)],
+    )
+    recorder.record(observation, report, 0, 1, held, many)
+    samples = [
+        s
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name in ("gpu_autoscaler_team_cost_usd_total", "gpu_autoscaler_team_onprem_gpus")
+    ]
+    cost = [s for s in samples if s.name == "gpu_autoscaler_team_cost_usd_total"]
+    onprem = [s for s in samples if s.name == "gpu_autoscaler_team_onprem_gpus"]
+    assert len(cost) == MAX_TEAM_SERIES and len(onprem) == MAX_TEAM_SERIES
