@@ -585,6 +585,7 @@ class SimScheduler:
             min_gpu_memory_gib=job.trace.shape.min_gpu_memory_gib,
             team=job.trace.team,
             priority_class=job.trace.priority_class,
+            submitted_at=job.trace.submit,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:

@@ -271,6 +271,7 @@ class SqueueRunningJob(_JobFields):
     nodes: Any = msgspec.UNSET
     node_count: Any = msgspec.UNSET
     start_time: Any = msgspec.UNSET
+    submit_time: Any = msgspec.UNSET
     gres_detail: Any = msgspec.UNSET
     tres_alloc_str: Any = msgspec.UNSET
     tres_per_job: Any = msgspec.UNSET
@@ -863,6 +864,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
             job_id = str(_job_id(job))
             team = rules.team_names(job.get(rules.team_field)) if rules.team_field else None
             priority_class = rules.class_names(job.get("qos"))
+            submitted = _time_field(job, "submit_time")
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
         for node, count in zip(nodes, gpus, strict=True):
@@ -881,6 +883,7 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     min_gpu_memory_gib=needs.min_gpu_memory_gib,
                     team=team,
                     priority_class=priority_class,
+                    submitted_at=float(submitted) if submitted > 0 else None,
                 )
             )
     return by_node

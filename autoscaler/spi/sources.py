@@ -128,6 +128,9 @@ class RunningJob:
     team: str | None = None
     # Its priority class (Slurm QOS, Kubernetes priorityClassName), None when it names none.
     priority_class: str | None = None
+    # When it was submitted (None: not known): how old it was when it last started is what its
+    # class has aged to while it runs (autoscaler/model/priorities.py).
+    submitted_at: float | None = None
 
 
 @runtime_checkable

@@ -302,6 +302,7 @@ def running_jobs(
                 min_gpu_memory_gib=pod.min_gpu_memory_gib,
                 team=pod.team,
                 priority_class=pod.priority_class,
+                submitted_at=pod.created,
             )
         )
     return by_node, bad
