@@ -462,3 +462,28 @@ def test_team_series_stop_at_the_cap_however_many_teams_a_scheduler_names(
     cost = [s for s in samples if s.name == "gpu_autoscaler_team_cost_usd_total"]
     onprem = [s for s in samples if s.name == "gpu_autoscaler_team_onprem_gpus"]
     assert len(cost) == MAX_TEAM_SERIES and len(onprem) == MAX_TEAM_SERIES
+
+
+def test_report_journal_with_the_config_sets_quota_use_beside_the_guarantees(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "j.db"
+    journal = open_sqlite(path)
+    run_ticks(fleet(journal), 30, seed=13)
+    journal.close()
+    config = tmp_path / "controller.yaml"
+    config.write_text(
+        "fleet_id: test\npools: []\nteams:\n  teams:\n"
+        "    ml: {guaranteed_gpus: 6}\n    research: {guaranteed_gpus: 4}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["report", "--journal", str(path), "--config", str(config), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    report = report_of(out)
+    by_team = {t.team: t for t in report.policies[0].teams}
+    assert (by_team["ml"].guaranteed_gpus, by_team["research"].guaranteed_gpus) == (6, 4)
+    assert any("against a guarantee of 4" in line for line in report.findings)
+    assert not any("does not hold the config" in line for line in report.findings)
+    # the config goes with a journal only
+    assert main(["report", "--config", str(config), "--out", str(out)]) == 2
+    assert "go with a journal" in capsys.readouterr().err
