@@ -195,3 +195,16 @@ def test_a_team_is_short_only_while_its_work_waits_below_its_guarantee(
     count_short(shortfall, _Held({"research": held}), {"research": 8}, 60.0)  # type: ignore[arg-type]
     assert shortfall.gpu_s.get("research", 0.0) == short * 60.0
     assert shortfall.ticks.get("research", 0) == (1 if short else 0) and shortfall.samples == 1
+
+
+def test_a_shortfall_is_late_only_once_it_has_lasted_longer_than_the_bound() -> None:
+    shortfall = Shortfall()
+    short, full = _Held({"research": (0, 4)}), _Held({"research": (8, 0)})
+    for t in (0.0, 60.0, 120.0, 180.0):  # short from 0: late at 180 with a 120 s bound
+        count_short(shortfall, short, {"research": 8}, 60.0, t, 120.0)  # type: ignore[arg-type]
+    assert shortfall.gpu_s["research"] == 4 * 4 * 60.0
+    assert shortfall.late_gpu_s["research"] == 4 * 60.0 and shortfall.late_ticks["research"] == 1
+    # a break (the guarantee met) starts the clock again
+    count_short(shortfall, full, {"research": 8}, 60.0, 240.0, 120.0)  # type: ignore[arg-type]
+    count_short(shortfall, short, {"research": 8}, 60.0, 300.0, 120.0)  # type: ignore[arg-type]
+    assert shortfall.late_ticks["research"] == 1

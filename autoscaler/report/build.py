@@ -192,6 +192,12 @@ def team_results(result: SimResult, prepared: Prepared) -> list[TeamResult]:
                 short_share=round(result.team_short_ticks.get(team, 0) / result.sampled_ticks, 4)
                 if guaranteed and result.sampled_ticks
                 else None,
+                late_gpu_hours=round(result.team_late_gpu_s.get(team, 0.0) / HOUR, 2)
+                if guaranteed
+                else None,
+                late_share=round(result.team_late_ticks.get(team, 0) / result.sampled_ticks, 4)
+                if guaranteed and result.sampled_ticks
+                else None,
             )
         )
     return rows

@@ -83,6 +83,9 @@ class TeamResult(Frozen):
     # waiting, and the share of ticks it was (None: no guarantee)
     short_gpu_hours: float | None = None
     short_share: float | None = None
+    # the same once short without a break for longer than teams.reclaim_within_s
+    late_gpu_hours: float | None = None
+    late_share: float | None = None
 
 
 class StaticTeam(Frozen):

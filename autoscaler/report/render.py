@@ -22,7 +22,6 @@ from autoscaler.report.model import (
     PolicyResult,
     Report,
     StaticPools,
-    TeamResult,
     WindowInfo,
 )
 from autoscaler.report.plots import Plot, plots
@@ -483,7 +482,8 @@ def team_table(policy: PolicyResult) -> Table:
                 usd(t.cost_cents / 100),
                 pct(t.cost_cents / 100 / policy.cost) if policy.cost else DASH,
                 DASH if t.guaranteed_gpus is None else num(t.guaranteed_gpus, 0),
-                _short(t),
+                _short(t.short_gpu_hours, t.short_share),
+                _short(t.late_gpu_hours, t.late_share),
             ]
         )
     total = sum(t.cost_cents for t in policy.teams)
@@ -496,6 +496,7 @@ def team_table(policy: PolicyResult) -> Table:
             num(sum(t.gpu_hours_onprem for t in policy.teams), 1),
             num(sum(t.gpu_hours_cloud for t in policy.teams), 1),
             usd(total / 100),
+            DASH,
             DASH,
             DASH,
             DASH,
@@ -512,16 +513,16 @@ def team_table(policy: PolicyResult) -> Table:
         "Share",
         "Guaranteed GPUs",
         "Below guarantee GPU-h (ticks)",
+        "Beyond the bound GPU-h (ticks)",
     ]
     return _table(headers, rows)
 
 
-def _short(team: TeamResult) -> str:
+def _short(gpu_hours: float | None, share: float | None) -> str:
     """How far the team fell below its guarantee while it had work waiting."""
-    if team.short_gpu_hours is None:
+    if gpu_hours is None:
         return DASH
-    share = f" ({pct(team.short_share)})" if team.short_share is not None else ""
-    return num(team.short_gpu_hours, 1) + share
+    return num(gpu_hours, 1) + (f" ({pct(share)})" if share is not None else "")
 
 
 def static_pools_table(static: StaticPools) -> Table:
@@ -580,8 +581,10 @@ def _team_blocks(report: Report) -> tuple[Block, ...]:
             "GPU-seconds, in whole cents (largest remainder); (idle) is paid time no job held. "
             "The rows add up to the policy's cost. Below guarantee: the on-prem GPU-hours a "
             "team held fewer than its guarantee (or its waiting work, if less) while it had "
-            "jobs waiting, and on what share of the ticks; no decision enforces guarantees "
-            "yet, so this is what quotas with borrowing would give back."
+            "jobs waiting, and on what share of the ticks. Quotas with borrowing take lent "
+            "GPUs back within teams.reclaim_within_s, so some shortfall is by design; beyond "
+            "the bound: the same counted only once the team had been short without a break "
+            "for longer than that, what the bound did not keep."
         )
     ]
     for policy in report.policies:

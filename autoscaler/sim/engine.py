@@ -138,6 +138,10 @@ class SimResult:
     # while it had work waiting, and on how many of the sampled ticks
     team_short_gpu_s: dict[str, float] = field(default_factory=dict)
     team_short_ticks: dict[str, int] = field(default_factory=dict)
+    # the same, counted only once the team has been short longer than reclaim_within_s: what
+    # the guarantee's bound did not keep
+    team_late_gpu_s: dict[str, float] = field(default_factory=dict)
+    team_late_ticks: dict[str, int] = field(default_factory=dict)
     sampled_ticks: int = 0
     # where GPUs may be shared (scenario gpu_sharing): free slices stranded on partly used GPUs
     # and GPUs with nothing on them, in GPUs, summed over the sampled ticks (``frag_ticks``)
@@ -419,7 +423,14 @@ def simulate(
             if regular:
                 _sample(timeline, t, cloud, scheduler)
                 if guarantees:
-                    count_short(shortfall, scheduler, guarantees, config.tick_seconds)
+                    count_short(
+                        shortfall,
+                        scheduler,
+                        guarantees,
+                        config.tick_seconds,
+                        t,
+                        config.teams.reclaim_within_s if config.teams is not None else 0.0,
+                    )
                 if shares:
                     fragments.sample(scheduler)
                 next_tick += config.tick_seconds
@@ -469,6 +480,8 @@ def simulate(
         wait_teams=[job.trace.team or UNASSIGNED for job in counted],
         team_short_gpu_s=shortfall.gpu_s,
         team_short_ticks=shortfall.ticks,
+        team_late_gpu_s=shortfall.late_gpu_s,
+        team_late_ticks=shortfall.late_ticks,
         sampled_ticks=shortfall.samples,
         shares_gpus=shares,
         stranded_gpu_ticks=float(fragments.stranded),
@@ -506,21 +519,35 @@ class Shortfall:
     gpu_s: dict[str, float] = field(default_factory=dict)
     ticks: dict[str, int] = field(default_factory=dict)
     samples: int = 0
+    late_gpu_s: dict[str, float] = field(default_factory=dict)
+    late_ticks: dict[str, int] = field(default_factory=dict)
+    since: dict[str, float] = field(default_factory=dict)  # short without a break since
 
 
 def count_short(
-    shortfall: Shortfall, scheduler: SimScheduler, guarantees: dict[str, int], period_s: float
+    shortfall: Shortfall,
+    scheduler: SimScheduler,
+    guarantees: dict[str, int],
+    period_s: float,
+    now: float = 0.0,
+    bound_s: float = 0.0,
 ) -> None:
     """A team with work waiting is short while it holds fewer on-prem GPUs than its guarantee
-    or its work, whichever is less (what quotas with borrowing would give it back)."""
+    or its work, whichever is less (what quotas with borrowing give it back); late once it has
+    been short without a break for longer than ``bound_s`` (what the bound did not keep)."""
     shortfall.samples += 1
     held = scheduler.team_gpus()
     for team, guaranteed in guarantees.items():
         holds, waiting = held.get(team, (0, 0))
         short = max(0, min(guaranteed, holds + waiting) - holds) if waiting else 0
-        if short:
-            shortfall.gpu_s[team] = shortfall.gpu_s.get(team, 0.0) + short * period_s
-            shortfall.ticks[team] = shortfall.ticks.get(team, 0) + 1
+        if not short:
+            shortfall.since.pop(team, None)
+            continue
+        shortfall.gpu_s[team] = shortfall.gpu_s.get(team, 0.0) + short * period_s
+        shortfall.ticks[team] = shortfall.ticks.get(team, 0) + 1
+        if now - shortfall.since.setdefault(team, now) > bound_s:
+            shortfall.late_gpu_s[team] = shortfall.late_gpu_s.get(team, 0.0) + short * period_s
+            shortfall.late_ticks[team] = shortfall.late_ticks.get(team, 0) + 1
 
 
 @dataclass
