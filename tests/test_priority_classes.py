@@ -270,6 +270,22 @@ def test_equal_or_higher_classes_and_multi_node_jobs_are_never_taken() -> None:
     assert [j.id for m in found for j in m.jobs] == ["low"]
 
 
+def test_a_running_job_counts_in_the_class_its_age_at_its_last_start_reached() -> None:
+    nodes = [OnPremNode(name="a", gpus=2, gpus_allocated=2)]
+
+    def with_age(age: float) -> dict[str, list[RunningJob]]:
+        old = job("old", "a", 2, "batch", 5_000.0)
+        return {"a": [replace(old, submitted_at=5_000.0 - age)]}
+
+    urgent = [group("urgent", NOW - 800.0, gpus=2)]
+    # waited 700 s before it started: aged into normal (5), still below urgent (10)
+    assert [j.id for m in preempted(urgent, nodes, with_age(700.0)).moves for j in m.jobs] == [
+        "old"
+    ]
+    # waited 600 s + 1,201 s: aged into urgent itself, which takes only lower classes
+    assert preempted(urgent, nodes, with_age(1_801.0)).moves == []
+
+
 def test_a_class_that_does_not_preempt_takes_nothing() -> None:
     assert preempted([group("normal", NOW - 800.0, gpus=2)]).moves == []
     assert preempted([group(None, NOW - 800.0, gpus=2)]).moves == []
@@ -490,3 +506,80 @@ def test_kubernetes_demand_folds_per_priority_class_name_only_when_asked() -> No
     assert _classes(folded) == {"urgent": 2, None: 1}
     read = read_pod(pods[0], rules, Times())
     assert read.priority_class == "urgent"
+
+
+AGING = """\
+name: aging
+seed: 1
+start: "2024-01-01T00:00:00Z"
+wait_target_s: 120
+trace: {file: trace.csv, window_start_s: 0, window_end_s: 40000}
+checkpointing:
+  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
+teams: {from_user_group: true}
+onprem:
+  - {name: n0, gpus: GPUS}
+controller:
+  fleet_id: aging
+  tick_seconds: 60
+  teams:
+    priority_classes:
+      urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
+      batch: {order: 0, promote_after_s: PROMOTE}
+  limits: {max_instances: 0, scale_down_cooldown_s: 0}
+  pools:
+    - {name: od, market: on-demand, provider: aws, region: r1, instance_type: small,
+       gpus_per_instance: 1, boot_seconds: 60}
+policies:
+  - name: cost-aware
+market:
+  price_files: [prices.csv]
+  availability_file: avail.csv
+"""
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[int, float, float, int, list[str]]:
+    gpus = draw(st.integers(1, 4))
+    promote = draw(st.sampled_from([600.0, 1_200.0, 2_400.0]))
+    within = draw(st.sampled_from([300.0, 600.0]))
+    urgent_s = draw(st.integers(600, 1_500))
+    # a batch job on the whole node, then preempting jobs on the whole node, each arriving
+    # before the last ends: without aging, the batch job is preempted at each of its starts
+    rows = [row("b0", 0, draw(st.integers(2_000, 6_000)), gpus, "batch", draw(st.integers(0, 1)))]
+    every = max(60, urgent_s // 2)
+    for k, submit in enumerate(range(300, 25_000, every)):
+        rows.append(row(f"u{k}", submit, urgent_s, gpus, "urgent", draw(st.integers(0, 1))))
+    return gpus, promote, within, urgent_s, rows
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=streams())
+def test_replayed_aging_bounds_a_lower_class_wait_behind_a_stream_of_preempting_work(
+    tmp_path: Path, case: tuple[int, float, float, int, list[str]]
+) -> None:
+    gpus, promote, within, urgent_s, rows = case
+    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
+    (tmp_path / "prices.csv").write_text(
+        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
+        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
+    )
+    (tmp_path / "avail.csv").write_text(
+        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
+        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
+    )
+    text = (
+        AGING.replace("GPUS", str(gpus))
+        .replace("WITHIN", str(within))
+        .replace("PROMOTE", str(promote))
+    )
+    (tmp_path / "scenario.yaml").write_text(text)
+    result = replay(tmp_path / "scenario.yaml", "cost-aware")
+    (wait,) = [w for w, t in zip(result.waits_s, result.wait_teams, strict=True) if t == "batch"]
+    # Once it starts older than promote_after_s it counts as urgent and is not taken again: its
+    # last start comes at most one preempting job's bound and run (and two ticks) after that.
+    assert wait <= promote + within + urgent_s + 2 * 60.0, (wait, case[:4])

@@ -11,8 +11,10 @@ whose oldest job has waited longer than its class's ``promote_after_s`` counts a
 up by order (the listed class with the smallest order above its own), and so on while it keeps
 waiting: each further ``promote_after_s`` of the class it has reached raises it one class more,
 until it reaches the top or a class that is never promoted. Promotion raises only the order it
-is placed in (and so which classes it is placed before and which may preempt it); whether it
-may run on spot or preempt stays its own class's, since those describe the work, not its wait.
+is placed in; whether it may run on spot or preempt stays its own class's, since those describe
+the work, not its wait. A running job counts in the class its age when it last started had
+reached (``autoscaler/tick/rules/preempt.py``), so a job requeued by preemption again and again
+ages into classes that may no longer take it.
 """
 
 from __future__ import annotations

@@ -18,9 +18,12 @@ last tick that still keeps it, because the lower classes' GPUs may come free by 
 before then. Meanwhile the job is hidden from the policy (``awaited``), so no cloud capacity is
 bought for it as well. A job that cannot checkpoint by then is requeued at once.
 
-Classes are compared by their configured order, not by aging: aging orders pending work, while a
-running job is preempted by its own class. Teams' guarantees are not consulted: a preempting
-class may take GPUs from a team within its guarantee (docs/teams.md).
+A running job counts in the class its age when it last started (from its submission, as the
+scheduler reports it) had aged to (``priorities.promoted_order``): a job requeued by preemption
+again and again grows older at each start and ages into classes that may no longer take it, so
+lower classes do not starve behind a stream of preempting work. The preempting job counts in its
+own class's order. Teams' guarantees are not consulted: a preempting class may take GPUs from a
+team within its guarantee (docs/teams.md).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autoscaler.model import Capacity, DemandGroup, FleetView, OnPremNode, Placement
-from autoscaler.model.priorities import resolve
+from autoscaler.model.priorities import promoted_order, resolve
 from autoscaler.model.teams import PriorityClass, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
@@ -98,6 +101,14 @@ def preempt(
     return Reclaim(found, frozenset(awaited))
 
 
+def running_order(classes: Mapping[str, PriorityClass], job: RunningJob) -> int:
+    """The order a running job is preempted by: its class aged by how long it had waited since
+    its submission when it last started (its own class's when that is not known)."""
+    if job.submitted_at is None:
+        return resolve(classes, job.priority_class).order
+    return promoted_order(classes, job.priority_class, job.started_at - job.submitted_at)
+
+
 def _preempting_groups(
     view: FleetView, classes: Mapping[str, PriorityClass], placement: Placement
 ) -> list[tuple[DemandGroup, PriorityClass]]:
@@ -146,9 +157,7 @@ def _node_for(
             (
                 j
                 for j in running.get(node.name, ())
-                if j.nodes == 1
-                and j.id not in leaving
-                and resolve(classes, j.priority_class).order < cls.order
+                if j.nodes == 1 and j.id not in leaving and running_order(classes, j) < cls.order
             ),
             key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
         )
