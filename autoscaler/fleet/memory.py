@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.instances import InstanceTable, InstanceUpdate, Launched, Moved
+from autoscaler.fleet.team_spend import TeamSpend
 from autoscaler.model import Plan, Pool, PriceQuote
 from autoscaler.model.errors import QuotaScope
 
@@ -100,6 +101,7 @@ class FleetMemory:
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointLedger()
         self.last_plan: Plan | None = None
         self.billed: frozenset[str] = frozenset()
+        self.team_spend = TeamSpend()  # what each team's instances billed this month
 
     def apply(self, update: FleetUpdate, now: float) -> None:
         if isinstance(update, (Launched, Moved)):

@@ -53,6 +53,7 @@ from autoscaler.tick.intents import Intents
 from autoscaler.tick.observe import Observation, Observer, Signals
 from autoscaler.tick.retry import RetryPolicy
 from autoscaler.tick.rules import controller_requests, preempt, rebalance_onprem, reclaim
+from autoscaler.tick.team_limits import TeamLedger
 from autoscaler.tick.tick_metrics import TickMetrics, tick_outcome
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ class Controller:
             self.fleet.cooldowns,
             month_spend,
             self.config.drain_timeout_s,
+            self._team_ledger(view),
         )
         self.last_observation, self.last_intents = observation, intents
         self.check_fence()
@@ -321,6 +323,17 @@ class Controller:
         """Raises ``LeadershipLost`` when this replica may no longer act under its token."""
         if self.fence is not None:
             self.fence(self.token)
+
+    def _team_ledger(self, view: FleetView) -> TeamLedger | None:
+        """What the guard holds the teams' own limits by: whom each instance was bought for and
+        each team's spend this month, accrued here each tick (None: the config lists no
+        teams)."""
+        teams = self.config.teams
+        if teams is None:
+            return None
+        owners = self.fleet.table.teams()
+        self.fleet.team_spend.accrue(view, owners)
+        return TeamLedger(teams, owners, self.fleet.team_spend.month(view.now))
 
     def _month_spend(self, now: float, billed: list[Billed], errors: list[str]) -> float | None:
         """This month's spend up to now: what the journal holds plus what the instances have run

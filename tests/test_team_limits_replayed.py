@@ -1,0 +1,79 @@
+"""A team's burst limits held by the live controller's guard, replayed through the simulator:
+the controller accrues each team's spend and tells the guard whom each instance was bought
+for, so a capped team's cloud GPUs never pass its limit while another team's still grow."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from test_reclaim import row
+from test_sim_engine import TRACE_HEADER
+
+from autoscaler.sim import replay
+
+SCENARIO = """\
+name: burst
+seed: 1
+start: "2024-01-01T00:00:00Z"
+wait_target_s: 120
+trace: {file: trace.csv, window_start_s: 0, window_end_s: 20000}
+checkpointing:
+  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
+teams: {from_user_group: true}
+onprem:
+  - {name: n0, gpus: 1}
+controller:
+  fleet_id: burst
+  tick_seconds: 60
+  teams:
+    teams:
+      capped: {burst_gpus: CAP}
+      free: {}
+  limits: {scale_down_cooldown_s: 0}
+  pools:
+    - {name: spot, market: spot, provider: aws, region: r1, instance_type: small,
+       gpus_per_instance: 1, boot_seconds: 60}
+policies:
+  - name: cost-aware
+market:
+  price_files: [prices.csv]
+  availability_file: avail.csv
+  pools: {spot: {interruption_rate_per_hour: 0.0}}
+"""
+
+
+def scenario(tmp_path: Path, cap: int, teams: tuple[str, ...]) -> Path:
+    rows = [row(f"{t}{n}", 0, 3_000, 1, t, 1) for t in teams for n in range(8)]
+    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
+    (tmp_path / "prices.csv").write_text(
+        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
+        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
+    )
+    (tmp_path / "avail.csv").write_text(
+        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
+        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
+    )
+    path = tmp_path / "scenario.yaml"
+    path.write_text(textwrap.dedent(SCENARIO).replace("CAP", str(cap)))
+    return path
+
+
+def test_a_capped_team_never_holds_more_cloud_gpus_than_its_burst_limit(tmp_path: Path) -> None:
+    result = replay(scenario(tmp_path, 2, ("capped",)), "cost-aware")
+    assert result.jobs_finished == 8
+    assert max(result.timeline.cloud_gpus) == 2  # one on-prem GPU, two cloud, never more
+
+
+def test_the_cap_binds_one_team_and_not_the_other(tmp_path: Path) -> None:
+    result = replay(scenario(tmp_path, 2, ("capped", "free")), "cost-aware")
+    assert result.jobs_finished == 16
+    # the free team's eight jobs less what on-prem took, beside the capped team's two
+    assert max(result.timeline.cloud_gpus) >= 8
+    capped_cloud = result.team_bill.team_gpu_s("capped") - result.team_bill.team_gpu_s(
+        "capped", "on-prem"
+    )
+    free_cloud = result.team_bill.team_gpu_s("free") - result.team_bill.team_gpu_s(
+        "free", "on-prem"
+    )
+    assert free_cloud > capped_cloud > 0
