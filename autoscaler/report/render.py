@@ -575,6 +575,8 @@ def _static_blocks(static: StaticPools) -> tuple[Block, ...]:
 
 
 def _team_blocks(report: Report) -> tuple[Block, ...]:
+    if report.kind == "journal":
+        return _journal_team_blocks(report)
     blocks: list[Block] = [
         Para(
             "Each pool's bill is split between the teams whose jobs held its GPUs, by "
@@ -589,6 +591,19 @@ def _team_blocks(report: Report) -> tuple[Block, ...]:
     ]
     for policy in report.policies:
         blocks.append(Sub(f"{policy.label} ({policy.policy}: {_params(policy.params)})"))
+        blocks.append(team_table(policy))
+    return tuple(blocks)
+
+
+def _journal_team_blocks(report: Report) -> tuple[Block, ...]:
+    blocks: list[Block] = [
+        Para(
+            "Each pool's cost is split between the teams whose jobs held its GPUs tick by "
+            "tick, by GPU share, in whole cents; (idle) is paid time no job held, (unknown) "
+            "time whose jobs were not read. The rows add up to the cost."
+        )
+    ]
+    for policy in report.policies:
         blocks.append(team_table(policy))
     return tuple(blocks)
 
