@@ -579,3 +579,17 @@ def test_a_static_queue_holds_only_bounded_demand(entry: dict[str, Any]) -> None
     with pytest.raises(InputError) as failure:
         StaticQueueSource.from_config({"jobs": [entry]}, "drill")
     assert "sources.drill.jobs" in one_line(failure.value)
+
+
+def test_slurm_demand_folds_per_qos_once_the_observer_asks(
+    fake_slurm: tuple[SlurmAdapter, Path],
+) -> None:
+    """``FoldsPriorityClasses``: the adapter folds per QOS only once asked, as the observer does
+    where the config lists priority classes."""
+    adapter, output = fake_slurm
+    output.write_text(squeue(job(1, qos="urgent"), job(2, qos="batch"), job(3, qos="batch")))
+    before = adapter.read(NOW)
+    assert [(g.jobs, g.priority_class) for g in before] == [(3, None)]
+    adapter.fold_priority_classes()
+    after = adapter.read(NOW)
+    assert sorted((g.priority_class or "", g.jobs) for g in after) == [("batch", 2), ("urgent", 1)]

@@ -43,6 +43,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 from autoscaler.model import DemandGroup, OnPremUse, Placement, Pool
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
+from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.slurm_join import environment_problem, gres_type, user_data
 from autoscaler.sources.slurm_json import (
     ACTIVE_STATES,
@@ -331,6 +332,7 @@ class SlurmAdapter:
             feature_gpu_memory_gib=dict(settings.feature_gpu_memory_gib),
             team_field=None if settings.team_from == "none" else settings.team_from,
             team_names=TeamNames(f"slurm source {name!r}: squeue --json", settings.team_from),
+            class_names=ClassNames(f"slurm source {name!r}: squeue --json", "qos"),
         )
         self.node_rules = NodeRules(
             settings.cloud_feature,
@@ -407,6 +409,10 @@ class SlurmAdapter:
             failure = _BusyError if "busy" in text.lower() else SourceError
             raise failure(f"{shown}: exit status {done.returncode}: {last}")
         return done.stdout
+
+    def fold_priority_classes(self) -> None:
+        """Fold demand per QOS from now on (``FoldsPriorityClasses``)."""
+        self.rules = replace(self.rules, fold_classes=True)
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         """Pending demand. Partition limits are read (one more command) only in a tick where some
