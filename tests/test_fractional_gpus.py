@@ -302,6 +302,11 @@ def test_pending_fractions_reach_the_controller_as_their_slices_rounded_up() -> 
     groups = s.read(0.0)
     assert sorted(g.jobs for g in groups) == [1, 3]  # 9 quarters: 3 GPUs; the whole job: 1
     assert s.pending_gpus == 4
+    # jobs alike but for their fraction are one group, rounded up once: 9/4 + 2/2 is 4 GPUs
+    for i in range(2):
+        s.submit(TraceJob(f"h{i}", 0.0, 100.0, 1, 0.5, None, 0.0, False, gpu_fraction=0.5), 0.0)
+    assert sorted(g.jobs for g in s.read(0.0)) == [1, 4]
+    assert s.pending_gpus == 5
     # a pool that does not share would give each a whole GPU: they are asked for one each
     plain = SimScheduler(clock, 5.0, lambda job, end: None, None, {"od": sliced(4)}, ["od", "x"])
     for i in range(9):

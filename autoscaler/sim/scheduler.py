@@ -428,48 +428,73 @@ class SimScheduler:
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         if self._demand_cache is None:
-            groups = []
+            # Fractional jobs alike but for their fraction are one group, their slices summed
+            # and rounded up once (``_folded``), where it sits in the order of its first bucket.
+            merged: dict[tuple[object, ...], list[tuple[BucketKey, list[tuple[int, SimJob]]]]] = {}
+            order: list[tuple[object, ...]] = []
             for key, heap in sorted(self._buckets.items(), key=_bucket_order):
-                gpus, interval, high, nodes, models, memory, team, fraction, cls = key
-                if heap:
-                    groups.append(
-                        DemandGroup.model_construct(
-                            gpus_per_job=gpus,
-                            jobs=self._folded(fraction, len(heap)),
-                            checkpoint_interval_s=interval,
-                            high_priority=high,
-                            nodes=nodes,
-                            gpu_models=models,
-                            min_gpu_memory_gib=memory,
-                            partition=None,
-                            oldest_submit_time=heap[0][1].trace.submit,
-                            oldest_jobs=tuple(
-                                str(seq) for seq, _ in heapq.nsmallest(NAMED_PENDING, heap)
-                            ),
-                            team=team,
-                            priority_class=cls,
-                        )
+                if not heap:
+                    continue
+                rest: tuple[object, ...] = (key[:7] + key[8:]) if key[7] is not None else key
+                if rest not in merged:
+                    merged[rest] = []
+                    order.append(rest)
+                merged[rest].append((key, heap))
+            groups = []
+            for rest in order:
+                members = merged[rest]
+                gpus, interval, high, nodes, models, memory, team, _, cls = members[0][0]
+                everyone = [item for _, heap in members for item in heap]
+                groups.append(
+                    DemandGroup.model_construct(
+                        gpus_per_job=gpus,
+                        jobs=self._folded([(key[7], len(heap)) for key, heap in members]),
+                        checkpoint_interval_s=interval,
+                        high_priority=high,
+                        nodes=nodes,
+                        gpu_models=models,
+                        min_gpu_memory_gib=memory,
+                        partition=None,
+                        oldest_submit_time=min(heap[0][1].trace.submit for _, heap in members),
+                        oldest_jobs=tuple(
+                            str(seq) for seq, _ in heapq.nsmallest(NAMED_PENDING, everyone)
+                        ),
+                        team=team,
+                        priority_class=cls,
                     )
+                )
             self._demand_cache = tuple(groups)
         return self._demand_cache
 
-    def _folded(self, fraction: float | None, jobs: int) -> int:
-        """The whole GPUs ``jobs`` pending one-GPU jobs asking ``fraction`` of one need, as the
+    def _folded(self, counts: Sequence[tuple[float | None, int]]) -> int:
+        """The whole GPUs pending one-GPU jobs need, given as (fraction asked, jobs), as the
         controller is told: their slices summed and rounded up, where every pool shares its GPUs
-        (by the pool that packs them least well); else one GPU each, as without sharing (a pool
-        that does not share would give each a whole GPU, and buying for fewer would leave them
-        waiting)."""
-        if fraction is None or not self.pool_sharing or jobs == 0:
-            return jobs
-        if any(p not in self.pool_sharing for p in self._pool_names):
-            return jobs
+        (by the pool that packs each fraction least well); else one GPU each, as without sharing
+        (a pool that does not share would give each a whole GPU, and buying for fewer would
+        leave them waiting). Whole-GPU jobs (fraction None) count as they are."""
+        if all(f is None for f, _ in counts) or not self.pool_sharing:
+            return sum(n for _, n in counts)
+        folds = all(p in self.pool_sharing for p in self._pool_names)
+        whole = 0
+        sliced = Fraction(0)
+        for fraction, jobs in counts:
+            worst = self._worst_slice(fraction) if folds and fraction is not None else None
+            if worst is None:
+                whole += jobs
+            else:
+                sliced += worst * jobs
+        return whole + math.ceil(sliced)
+
+    def _worst_slice(self, fraction: float) -> Fraction | None:
+        """The largest slice any pool would give a job asking ``fraction`` of a GPU, in GPUs;
+        None when some pool would give it a whole GPU."""
         worst = Fraction(0)
         for sharing in self.pool_sharing.values():
             slices = sharing.slices_for(fraction)
             if slices is None:
-                return jobs
+                return None
             worst = max(worst, Fraction(slices, sharing.units))
-        return max(1, math.ceil(worst * jobs))
+        return worst
 
     def read_nodes(self, now: float) -> NodeReading:
         onprem: list[OnPremNode] = []
@@ -509,7 +534,7 @@ class SimScheduler:
     @property
     def pending_gpus(self) -> int:
         """The GPUs pending jobs ask for, fractional ones as the controller is told of them."""
-        return sum(key[0] * self._folded(key[7], len(h)) for key, h in self._buckets.items())
+        return sum(group.gpus_per_job * group.jobs for group in self.read(self.clock.now()))
 
     def team_gpus(self) -> dict[str, tuple[int, int]]:
         """By team: the on-prem GPUs its running jobs hold, and the GPUs its pending jobs ask
