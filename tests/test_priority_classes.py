@@ -250,10 +250,9 @@ def test_a_class_of_its_own_bound_keeps_it() -> None:
     assert [m.by for m in found] == [NOW - 200.0 + 300.0 - TICK]
 
 
-def test_the_rule_waits_while_the_gpus_may_come_free_and_hides_the_job_meanwhile() -> None:
-    found = preempted([group("urgent", NOW, gpus=2)])
-    assert found.moves == []
-    assert found.awaited == {"p"}
+def test_the_rule_acts_at_once_for_a_job_just_submitted() -> None:
+    found = preempted([group("urgent", NOW, gpus=2)]).moves
+    assert [(m.for_job, m.by) for m in found] == [("p", NOW + 900.0 - TICK)]
 
 
 def test_equal_or_higher_classes_and_multi_node_jobs_are_never_taken() -> None:

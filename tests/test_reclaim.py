@@ -23,7 +23,7 @@ from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules import reclaim
-from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+from autoscaler.tick.rules.rebalance_onprem import OnPremJobs, view_for_policy
 
 NOW = 10_000.0
 TICK = 60.0
@@ -97,7 +97,6 @@ def moves_for(
 
 
 def test_an_owner_below_its_guarantee_takes_the_fewest_borrowed_gpus_by_the_bound() -> None:
-    # submitted long enough ago that the bound is near: the rule acts now
     found = moves_for([pending(2, "p", "owner", NOW - 800.0)])
     assert len(found) == 1
     move = found[0]
@@ -108,13 +107,13 @@ def test_an_owner_below_its_guarantee_takes_the_fewest_borrowed_gpus_by_the_boun
     assert "team owner" in move.reason and "lender" in move.reason
 
 
-def test_the_rule_waits_while_the_borrowed_gpus_may_still_come_free_by_themselves() -> None:
+def test_the_rule_acts_at_once_and_the_policy_is_not_shown_the_job_meanwhile() -> None:
     nodes, jobs = full_fleet()
     view = view_of(nodes, [pending(2, "p", "owner", NOW)])
-    found = reclaim.reclaim(view, TEAMS, jobs, OnPremJobs({}), Placement(), TICK)
-    assert found.moves == []
-    # ... and the policy is not shown the job meanwhile, so it buys no cloud capacity for it
-    assert found.awaited == {"p"}
+    found = reclaim.reclaim(view, TEAMS, jobs, OnPremJobs({}), Placement(), TICK).moves
+    assert [(m.for_job, m.by) for m in found] == [("p", NOW + 900.0 - TICK)]
+    shown = view_for_policy(view, OnPremJobs({}), found)
+    assert shown.demand.groups == ()
 
 
 def test_a_lender_is_never_taken_below_its_own_guarantee() -> None:

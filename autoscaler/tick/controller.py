@@ -219,9 +219,7 @@ class Controller:
         )
         moves += preempted.moves
         plan, held = self._decide(
-            rebalance_onprem.view_for_policy(
-                view, observation.onprem_jobs, moves, reclaimed.awaited | preempted.awaited
-            )
+            rebalance_onprem.view_for_policy(view, observation.onprem_jobs, moves)
         )
         billed = self._billed_now(view) if self.journal is not None else []
         month_spend = self._month_spend(now, billed, observation.errors)

@@ -13,10 +13,9 @@ it goes back to the queue and is kept off that node until the preempting job has
 
 The bound is the class's ``preempt_within_s`` (else ``teams.reclaim_within_s``) from the
 submission of the group's longest-waiting job: each move carries it less one tick
-(``MoveJobs.by``), so that the scheduler has a tick to start the job, and moves start at the
-last tick that still keeps it, because the lower classes' GPUs may come free by themselves
-before then. Meanwhile the job is hidden from the policy (``awaited``), so no cloud capacity is
-bought for it as well. A job that cannot checkpoint by then is requeued at once.
+(``MoveJobs.by``), so that the scheduler has a tick to start the job; the moves are asked for
+at once, as reclaim's are, and the job is hidden from the policy while room is made for it. A
+job that cannot checkpoint by then is requeued at once.
 
 A running job counts in the class its age when it last started (from its submission, as the
 scheduler reports it) had aged to (``priorities.promoted_order``): a job requeued by preemption
@@ -36,7 +35,7 @@ from autoscaler.model.teams import PriorityClass, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
-from autoscaler.tick.rules.reclaim import Reclaim, _lead
+from autoscaler.tick.rules.reclaim import Reclaim
 
 RULE = "preempt"
 
@@ -50,9 +49,8 @@ def preempt(
     tick_s: float,
     taken: Sequence[MoveJobs] = (),
 ) -> Reclaim:
-    """The preemption moves to ask for this tick, and the jobs awaiting a later tick's (see the
-    module's docstring); ``taken`` are moves other rules already ask for this tick, whose nodes
-    and jobs are left alone."""
+    """The preemption moves to ask for this tick (see the module's docstring); ``taken`` are
+    moves other rules already ask for this tick, whose nodes and jobs are left alone."""
     if teams is None or running is None or onprem is None or not view.demand.known:
         return Reclaim()
     classes = teams.priority_classes
@@ -66,7 +64,6 @@ def preempt(
     }
     served = set(onprem.served) | {m.for_job for m in taken}
     found: list[MoveJobs] = []
-    awaited: set[str] = set()
     for group, cls in preemptors:
         within = cls.preempt_within_s or teams.reclaim_within_s
         by = group.oldest_submit_time + within - tick_s
@@ -80,11 +77,6 @@ def preempt(
             busy_nodes.add(node)
             leaving |= {job.id for job in chosen}
             served.add(job_id)
-            if view.now + _lead(chosen) + tick_s < by:
-                # Not yet: the GPUs may come free by themselves before the bound; the node is
-                # kept for this job meanwhile, so that the next job counts on another.
-                awaited.add(job_id)
-                continue
             victims = ", ".join(
                 sorted({f"{j.id} ({j.priority_class or 'no class'})" for j in chosen})
             )
@@ -98,7 +90,7 @@ def preempt(
                     by=by,
                 )
             )
-    return Reclaim(found, frozenset(awaited))
+    return Reclaim(found)
 
 
 def running_order(classes: Mapping[str, PriorityClass], job: RunningJob) -> int:

@@ -116,19 +116,15 @@ def worth_reading(view: FleetView, placement: Placement) -> list[str]:
 
 
 def view_for_policy(
-    view: FleetView,
-    onprem: OnPremJobs | None,
-    moves: Sequence[MoveJobs],
-    awaited: Collection[str] = (),
+    view: FleetView, onprem: OnPremJobs | None, moves: Sequence[MoveJobs]
 ) -> FleetView:
     """The view the policy plans from: without the pending jobs room is being made for on-prem
     (each off the group that names it among its longest-waiting), so the policy does not buy
     capacity for them too; and with the cloud room held for the jobs being moved counted as
     taken, so the policy does not count it as free for other pending work as well."""
-    if onprem is None and not moves and not awaited:
+    if onprem is None and not moves:
         return view
     served = set(onprem.served if onprem is not None else ()) | {m.for_job for m in moves}
-    served |= set(awaited)
     held = dict(onprem.reserved) if onprem is not None else {}
     for move in moves:
         for _, instance, gpus in move.room:
