@@ -27,15 +27,16 @@ team within its guarantee (docs/teams.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from autoscaler.model import Capacity, DemandGroup, FleetView, OnPremNode, Placement
+from autoscaler.model import Capacity, DemandGroup, FleetView, Placement
 from autoscaler.model.priorities import promoted_order, resolve
 from autoscaler.model.teams import PriorityClass, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
 from autoscaler.tick.rules.reclaim import Reclaim
+from autoscaler.tick.rules.taking import Claims, fewest_moved, greedy
 
 RULE = "preempt"
 
@@ -57,26 +58,20 @@ def preempt(
     preemptors = _preempting_groups(view, classes, placement)
     if not preemptors:
         return Reclaim()
-    leaving = set(onprem.moving) | {j.id for m in taken for j in m.jobs}
-    busy_nodes = {h.node for h in onprem.held} | {m.node for m in taken}
-    busy_nodes |= {
-        node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)
-    }
-    served = set(onprem.served) | {m.for_job for m in taken}
+    claims = Claims.of(onprem, running, taken)
     found: list[MoveJobs] = []
     for group, cls in preemptors:
         within = cls.preempt_within_s or teams.reclaim_within_s
         by = group.oldest_submit_time + within - tick_s
+        lower = greedy(_below(classes, cls.order))
         for job_id in group.oldest_jobs:
-            if job_id in served:
+            if job_id in claims.served:
                 continue
-            choice = _node_for(view.onprem, running, group, cls, classes, busy_nodes, leaving)
+            choice = fewest_moved(view.onprem, running, group, claims, lower)
             if choice is None:
                 break
             node, chosen = choice
-            busy_nodes.add(node)
-            leaving |= {job.id for job in chosen}
-            served.add(job_id)
+            claims.claim(node, chosen, job_id)
             victims = ", ".join(
                 sorted({f"{j.id} ({j.priority_class or 'no class'})" for j in chosen})
             )
@@ -120,49 +115,6 @@ def _preempting_groups(
     return sorted(found, key=lambda p: (-p[1].order, p[0].oldest_submit_time, p[0].oldest_jobs))
 
 
-def _node_for(
-    nodes: Sequence[OnPremNode],
-    running: Mapping[str, Sequence[RunningJob]],
-    group: DemandGroup,
-    cls: PriorityClass,
-    classes: Mapping[str, PriorityClass],
-    busy_nodes: set[str],
-    leaving: set[str],
-) -> tuple[str, list[RunningJob]] | None:
-    """The node that frees room for one of the group's jobs by moving the fewest GPUs of lower
-    classes (then jobs, then by name); None when a node already has room (the scheduler starts
-    the job there) or none can be freed."""
-    need = group.gpus_per_job
-    shape = group.shape
-    options: list[tuple[int, int, str, list[RunningJob]]] = []
-    for node in nodes:
-        if not node.schedulable or not shape.accepts(
-            node.gpus, node.gpu_model, node.gpu_memory_gib
-        ):
-            continue
-        free = node.gpus_free
-        if free >= need:
-            return None
-        if node.name in busy_nodes:
-            continue
-        candidates = sorted(
-            (
-                j
-                for j in running.get(node.name, ())
-                if j.nodes == 1 and j.id not in leaving and running_order(classes, j) < cls.order
-            ),
-            key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
-        )
-        chosen: list[RunningJob] = []
-        short = need - free
-        for job in candidates:
-            if short <= 0:
-                break
-            chosen.append(job)
-            short -= job.gpus
-        if short <= 0:
-            options.append((sum(j.gpus for j in chosen), len(chosen), node.name, chosen))
-    if not options:
-        return None
-    _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
-    return name, chosen
+def _below(classes: Mapping[str, PriorityClass], order: int) -> Callable[[RunningJob], bool]:
+    """Whether a running job's class is strictly lower than ``order``."""
+    return lambda job: running_order(classes, job) < order

@@ -31,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoscaler.model import Capacity, DemandGroup, FleetView, OnPremNode, Placement
+from autoscaler.model import Capacity, DemandGroup, FleetView, Placement
 from autoscaler.model.teams import UNASSIGNED, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+from autoscaler.tick.rules.taking import Claims, Pick, fewest_moved
 
 RULE = "reclaim"
 
@@ -79,34 +80,25 @@ def reclaim(
     owners = _owner_groups(view, teams, placement)
     if not owners:
         return Reclaim()
-    leaving = frozenset(onprem.moving) | {j.id for m in taken for j in m.jobs}
-    held = onprem_held(view, running, leaving)
-    busy_nodes = {h.node for h in onprem.held} | {m.node for m in taken}
-    busy_nodes |= {
-        node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)
-    }
-    served = onprem.served | {m.for_job for m in taken}
-    coming = _coming(view, served)
+    claims = Claims.of(onprem, running, taken)
+    held = onprem_held(view, running, frozenset(claims.leaving))
+    coming = _coming(view, claims.served)
     found: list[MoveJobs] = []
     for group in owners:
         team = team_of(group.team)
         guarantee = teams.spec(group.team).guaranteed_gpus
         job_id = group.oldest_jobs[0]
         need = group.gpus_per_job
-        if job_id in served or held.get(team, 0) + coming.get(team, 0) + need > guarantee:
+        if job_id in claims.served or held.get(team, 0) + coming.get(team, 0) + need > guarantee:
             continue
-        choice = _node_for(view.onprem, running, group, teams, held, busy_nodes, leaving)
+        choice = fewest_moved(view.onprem, running, group, claims, _borrowed(teams, team, held))
         if choice is None:
             continue
         node, chosen = choice
-        by = group.oldest_submit_time + teams.reclaim_within_s - tick_s
         for job in chosen:
-            victim = team_of(job.team)
-            held[victim] -= job.gpus
+            held[team_of(job.team)] -= job.gpus
         coming[team] = coming.get(team, 0) + need
-        busy_nodes.add(node)
-        leaving |= {job.id for job in chosen}
-        served = served | {job_id}
+        claims.claim(node, chosen, job_id)
         lenders = ", ".join(sorted({team_of(j.team) for j in chosen}))
         found.append(
             MoveJobs(
@@ -115,7 +107,7 @@ def reclaim(
                 job_id,
                 f"reclaim on-prem {node} for team {team}'s job {job_id} ({need} GPU(s) of its "
                 f"{guarantee} guaranteed) from {lenders}",
-                by=by,
+                by=group.oldest_submit_time + teams.reclaim_within_s - tick_s,
             )
         )
     return Reclaim(found)
@@ -146,56 +138,21 @@ def _coming(view: FleetView, served: frozenset[str] | set[str]) -> dict[str, int
     return coming
 
 
-def _node_for(
-    nodes: Sequence[OnPremNode],
-    running: Mapping[str, Sequence[RunningJob]],
-    group: DemandGroup,
-    teams: TeamsConfig,
-    held: Mapping[str, int],
-    busy_nodes: set[str],
-    leaving: frozenset[str],
-) -> tuple[str, list[RunningJob]] | None:
-    """The node that frees room for the group's job by moving the fewest borrowed GPUs (then
-    jobs, then by name); None when a node already has room (the scheduler starts the job there)
-    or none can be freed from borrowers."""
-    need = group.gpus_per_job
-    shape = group.shape
-    options: list[tuple[int, int, str, list[RunningJob]]] = []
-    for node in nodes:
-        if not node.schedulable or not shape.accepts(
-            node.gpus, node.gpu_model, node.gpu_memory_gib
-        ):
-            continue
-        free = node.gpus_free
-        if free >= need:
-            return None
-        if node.name in busy_nodes:
-            continue
-        # Checkpointing jobs first, then the youngest: the least work lost, and the job that
-        # started last is the one expected to run longest still (it holds the GPUs longest).
-        candidates = sorted(
-            (
-                j
-                for j in running.get(node.name, ())
-                if j.nodes == 1 and j.id not in leaving and team_of(j.team) != team_of(group.team)
-            ),
-            key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
-        )
+def _borrowed(teams: TeamsConfig, owner: str, held: Mapping[str, int]) -> Pick:
+    """Take jobs of other teams only from what they hold beyond their own guarantee."""
+
+    def pick(candidates: Sequence[RunningJob], short: int) -> list[RunningJob] | None:
         spare = {team: gpus - teams.spec(team).guaranteed_gpus for team, gpus in held.items()}
         chosen: list[RunningJob] = []
-        short = need - free
         for job in candidates:
             if short <= 0:
                 break
-            victim = team_of(job.team)
-            if spare.get(victim, 0) < job.gpus:
+            lender = team_of(job.team)
+            if lender == owner or spare.get(lender, 0) < job.gpus:
                 continue
-            spare[victim] -= job.gpus
+            spare[lender] -= job.gpus
             chosen.append(job)
             short -= job.gpus
-        if short <= 0:
-            options.append((sum(j.gpus for j in chosen), len(chosen), node.name, chosen))
-    if not options:
-        return None
-    _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
-    return name, chosen
+        return chosen if short <= 0 else None
+
+    return pick

@@ -1,0 +1,104 @@
+"""What reclaim and preemption share: which on-prem node frees room for a pending job by moving
+the fewest GPUs of the jobs a rule may take, and what this tick's moves have claimed already.
+
+The rules differ only in whom they may take from (a borrowing team down to its guarantee, a
+lower priority class); each passes that as ``pick``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autoscaler.model import DemandGroup, OnPremNode
+from autoscaler.spi.sources import RunningJob
+from autoscaler.tick.intents import MoveJobs
+from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+
+# Chooses, from a node's movable jobs in the order they should go, those to move to free
+# ``short`` GPUs; None when they cannot.
+Pick = Callable[[Sequence[RunningJob], int], list[RunningJob] | None]
+
+
+@dataclass
+class Claims:
+    """Nodes and jobs already spoken for this tick (moves in flight, holds, earlier moves), and
+    the pending jobs room is being made for."""
+
+    busy_nodes: set[str]
+    leaving: set[str]
+    served: set[str]
+
+    @classmethod
+    def of(
+        cls,
+        onprem: OnPremJobs,
+        running: Mapping[str, Sequence[RunningJob]],
+        taken: Sequence[MoveJobs],
+    ) -> Claims:
+        busy = {h.node for h in onprem.held} | {m.node for m in taken}
+        busy |= {node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)}
+        return cls(
+            busy,
+            set(onprem.moving) | {j.id for m in taken for j in m.jobs},
+            set(onprem.served) | {m.for_job for m in taken},
+        )
+
+    def claim(self, node: str, jobs: Sequence[RunningJob], for_job: str) -> None:
+        self.busy_nodes.add(node)
+        self.leaving |= {job.id for job in jobs}
+        self.served.add(for_job)
+
+
+def greedy(eligible: Callable[[RunningJob], bool]) -> Pick:
+    """Take eligible jobs in order until enough GPUs are free."""
+
+    def pick(candidates: Sequence[RunningJob], short: int) -> list[RunningJob] | None:
+        chosen: list[RunningJob] = []
+        for job in candidates:
+            if short <= 0:
+                break
+            if eligible(job):
+                chosen.append(job)
+                short -= job.gpus
+        return chosen if short <= 0 else None
+
+    return pick
+
+
+def fewest_moved(
+    nodes: Sequence[OnPremNode],
+    running: Mapping[str, Sequence[RunningJob]],
+    group: DemandGroup,
+    claims: Claims,
+    pick: Pick,
+) -> tuple[str, list[RunningJob]] | None:
+    """The node that frees room for one of the group's jobs by moving the fewest GPUs (then
+    jobs, then by name); None when a node already has room (the scheduler starts the job
+    there) or none can be freed. Single-node jobs only, those that checkpoint first, then the
+    youngest: the least work lost, and the job that started last is expected to hold its GPUs
+    longest."""
+    need = group.gpus_per_job
+    shape = group.shape
+    options: list[tuple[int, int, str, list[RunningJob]]] = []
+    for node in nodes:
+        if not node.schedulable or not shape.accepts(
+            node.gpus, node.gpu_model, node.gpu_memory_gib
+        ):
+            continue
+        free = node.gpus_free
+        if free >= need:
+            return None
+        if node.name in claims.busy_nodes:
+            continue
+        candidates = sorted(
+            (j for j in running.get(node.name, ()) if j.nodes == 1 and j.id not in claims.leaving),
+            key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
+        )
+        chosen = pick(candidates, need - free)
+        if chosen is not None:
+            options.append((sum(j.gpus for j in chosen), len(chosen), node.name, chosen))
+    if not options:
+        return None
+    _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
+    return name, chosen
