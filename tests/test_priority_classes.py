@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_cluster import pod, tried
-from test_sim_engine import TRACE_HEADER
+from team_replays import onprem, replayed, waits_of
+from team_replays import row as trace_row
 
 from autoscaler.model import Capacity, Demand, DemandGroup, FleetView, OnPremNode, Placement
 from autoscaler.model.priorities import UNLISTED, ClassBook, promoted_order, resolve
 from autoscaler.model.teams import PriorityClass, TeamsConfig
-from autoscaler.sim import replay
 from autoscaler.sources.kubernetes.demand import pending_demand
 from autoscaler.sources.kubernetes.pods import PodRules, Times, read_pod
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
@@ -372,10 +372,8 @@ market:
 
 
 def row(job_id: str, submit: int, duration: int, gpus: int, cls: str, preemptible: int) -> str:
-    return (
-        f"{job_id},{submit},{submit},{duration},{gpus},1.0,4,Succeeded,0,{cls},{cls},"
-        f"{preemptible},,none,\n"
-    )
+    """A trace row whose team (the trace's user_group) is its class, to tell its waits apart."""
+    return trace_row(job_id, submit, duration, gpus, cls, preemptible, cls)
 
 
 @st.composite
@@ -404,21 +402,8 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
 
 def replay_case(tmp_path: Path, nodes: list[int], within: float, rows: list[str]) -> list[float]:
     """The preempting class's waits, replayed."""
-    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
-    (tmp_path / "prices.csv").write_text(
-        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
-        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
-    )
-    (tmp_path / "avail.csv").write_text(
-        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
-        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
-    )
-    onprem = "".join(f"  - {{name: n{i}, gpus: {g}}}\n" for i, g in enumerate(nodes))
-    text = SCENARIO.replace("ONPREM\n", onprem).replace("WITHIN", str(within))
-    (tmp_path / "scenario.yaml").write_text(textwrap.dedent(text))
-    result = replay(tmp_path / "scenario.yaml", "cost-aware")
-    # each job's team is its class (the trace's user_group), so its waits are told apart
-    return [w for w, t in zip(result.waits_s, result.wait_teams, strict=True) if t == "urgent"]
+    text = SCENARIO.replace("ONPREM\n", onprem(nodes)).replace("WITHIN", str(within))
+    return waits_of(replayed(tmp_path, textwrap.dedent(text), rows), "urgent")
 
 
 @settings(
@@ -562,23 +547,12 @@ def test_replayed_aging_bounds_a_lower_class_wait_behind_a_stream_of_preempting_
     tmp_path: Path, case: tuple[int, float, float, int, list[str]]
 ) -> None:
     gpus, promote, within, urgent_s, rows = case
-    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
-    (tmp_path / "prices.csv").write_text(
-        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
-        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
-    )
-    (tmp_path / "avail.csv").write_text(
-        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
-        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
-    )
     text = (
         AGING.replace("GPUS", str(gpus))
         .replace("WITHIN", str(within))
         .replace("PROMOTE", str(promote))
     )
-    (tmp_path / "scenario.yaml").write_text(text)
-    result = replay(tmp_path / "scenario.yaml", "cost-aware")
-    (wait,) = [w for w, t in zip(result.waits_s, result.wait_teams, strict=True) if t == "batch"]
+    (wait,) = waits_of(replayed(tmp_path, text, rows), "batch")
     # Once it starts older than promote_after_s it counts as urgent and is not taken again: its
     # last start comes at most one preempting job's bound and run (and two ticks) after that.
     assert wait <= promote + within + urgent_s + 2 * 60.0, (wait, case[:4])

@@ -11,14 +11,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from team_replays import onprem, replayed, row, waits_of
 from test_evacuate import running
 from test_rebalance_onprem import MovingFake
-from test_sim_engine import TRACE_HEADER
 
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.model import Demand, DemandGroup, FleetView, OnPremNode, Placement
 from autoscaler.model.teams import TeamsConfig, TeamSpec
-from autoscaler.sim import replay
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
 from autoscaler.tick.intents import MoveJobs
@@ -204,14 +203,6 @@ market:
 """
 
 
-def row(job_id: str, submit: int, duration: int, gpus: int, team: str, preemptible: int) -> str:
-    cls = "BE" if preemptible else "LS"
-    return (
-        f"{job_id},{submit},{submit},{duration},{gpus},1.0,4,Succeeded,0,{team},{cls},"
-        f"{preemptible},,none,\n"
-    )
-
-
 @st.composite
 def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     nodes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
@@ -242,28 +233,13 @@ def test_replayed_an_owner_below_its_guarantee_starts_within_the_bound(
     tmp_path: Path, case: tuple[list[int], int, float, list[str]]
 ) -> None:
     nodes, guarantee, reclaim_within, rows = case
-    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
-    (tmp_path / "prices.csv").write_text(
-        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
-        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
-    )
-    (tmp_path / "avail.csv").write_text(
-        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
-        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
-    )
-    onprem = "".join(f"  - {{name: n{i}, gpus: {g}}}\n" for i, g in enumerate(nodes))
     text = (
-        SCENARIO.replace("ONPREM\n", onprem)
+        SCENARIO.replace("ONPREM\n", onprem(nodes))
         .replace("RECLAIM", str(reclaim_within))
         .replace("GUARANTEE", str(guarantee))
     )
-    (tmp_path / "scenario.yaml").write_text(textwrap.dedent(text))
-    result = replay(tmp_path / "scenario.yaml", "cost-aware")
-    owner_waits = [
-        wait
-        for wait, team in zip(result.waits_s, result.wait_teams, strict=True)
-        if team == "owner"
-    ]
+    result = replayed(tmp_path, textwrap.dedent(text), rows)
+    owner_waits = waits_of(result, "owner")
     assert owner_waits, "the owner's jobs ran"
     # No cloud capacity may be bought (max_instances 0): only reclaim can start them.
     assert max(owner_waits) <= reclaim_within, (owner_waits, reclaim_within, nodes, guarantee)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from test_reclaim import row
-from test_sim_engine import TRACE_HEADER
+from team_replays import replayed, row
 
-from autoscaler.sim import replay
+from autoscaler.sim import SimResult
 
 SCENARIO = """\
 name: burst
@@ -43,30 +42,19 @@ market:
 """
 
 
-def scenario(tmp_path: Path, cap: int, teams: tuple[str, ...]) -> Path:
+def replay_teams(tmp_path: Path, cap: int, teams: tuple[str, ...]) -> SimResult:
     rows = [row(f"{t}{n}", 0, 3_000, 1, t, 1) for t in teams for n in range(8)]
-    (tmp_path / "trace.csv").write_text(TRACE_HEADER + "".join(rows))
-    (tmp_path / "prices.csv").write_text(
-        "timestamp,cloud,region,zone,instance_type,price_per_hour,on_demand_price_per_hour\n"
-        "2024-01-01T00:00:00Z,aws,r1,,small,1.0,3.0\n"
-    )
-    (tmp_path / "avail.csv").write_text(
-        "trace_id,kind,nodes_tracked,cloud,zone,instance_type,start_date,gap_seconds,"
-        "start_tick,end_tick_exclusive,start_elapsed_s,duration_s,available_instances\n"
-    )
-    path = tmp_path / "scenario.yaml"
-    path.write_text(textwrap.dedent(SCENARIO).replace("CAP", str(cap)))
-    return path
+    return replayed(tmp_path, textwrap.dedent(SCENARIO).replace("CAP", str(cap)), rows)
 
 
 def test_a_capped_team_never_holds_more_cloud_gpus_than_its_burst_limit(tmp_path: Path) -> None:
-    result = replay(scenario(tmp_path, 2, ("capped",)), "cost-aware")
+    result = replay_teams(tmp_path, 2, ("capped",))
     assert result.jobs_finished == 8
     assert max(result.timeline.cloud_gpus) == 2  # one on-prem GPU, two cloud, never more
 
 
 def test_the_cap_binds_one_team_and_not_the_other(tmp_path: Path) -> None:
-    result = replay(scenario(tmp_path, 2, ("capped", "free")), "cost-aware")
+    result = replay_teams(tmp_path, 2, ("capped", "free"))
     assert result.jobs_finished == 16
     # the free team's eight jobs less what on-prem took, beside the capped team's two
     assert max(result.timeline.cloud_gpus) >= 8
