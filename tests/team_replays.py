@@ -57,3 +57,37 @@ def replayed(tmp_path: Path, scenario: str, rows: Sequence[str]) -> SimResult:
 
 def waits_of(result: SimResult, group: str) -> list[float]:
     return [w for w, t in zip(result.waits_s, result.wait_teams, strict=True) if t == group]
+
+
+OD_POOL = (
+    "{name: od, market: on-demand, provider: aws, region: r1, instance_type: small, "
+    "gpus_per_instance: 1, boot_seconds: 60}"
+)
+NO_CLOUD = "{max_instances: 0, scale_down_cooldown_s: 0}"
+
+
+def scenario(
+    name: str,
+    nodes: Sequence[int],
+    teams: str,
+    *,
+    window_s: int = 30_000,
+    limits: str = NO_CLOUD,
+    pool: str = OD_POOL,
+    market: str = "",
+) -> str:
+    """A scenario of one-GPU cloud pools (none bought by default: ``NO_CLOUD``), on-prem nodes
+    of ``nodes`` GPUs, jobs that may be preempted checkpointing every 600 s for 20 s, and the
+    controller's ``teams`` (YAML, indented under it)."""
+    indented = "".join(f"    {line}\n" for line in teams.strip().splitlines())
+    return (
+        f'name: {name}\nseed: 1\nstart: "2024-01-01T00:00:00Z"\nwait_target_s: 120\n'
+        f"trace: {{file: trace.csv, window_start_s: 0, window_end_s: {window_s}}}\n"
+        "checkpointing:\n  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}\n"
+        "teams: {from_user_group: true}\n"
+        f"onprem:\n{onprem(nodes)}"
+        f"controller:\n  fleet_id: {name}\n  tick_seconds: 60\n  teams:\n{indented}"
+        f"  limits: {limits}\n  pools:\n    - {pool}\n"
+        "policies:\n  - name: cost-aware\n"
+        f"market:\n  price_files: [prices.csv]\n  availability_file: avail.csv\n{market}"
+    )

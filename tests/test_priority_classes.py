@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import textwrap
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_cluster import pod, tried
-from team_replays import onprem, replayed, waits_of
+from team_replays import replayed, scenario, waits_of
 from team_replays import row as trace_row
 
 from autoscaler.model import Capacity, Demand, DemandGroup, FleetView, OnPremNode, Placement
@@ -340,34 +339,11 @@ def test_nothing_without_classes_or_when_demand_is_unknown() -> None:
 
 # -- replayed through the controller -----------------------------------------------------------
 
-SCENARIO = """\
-name: preempt
-seed: 1
-start: "2024-01-01T00:00:00Z"
-wait_target_s: 120
-trace: {file: trace.csv, window_start_s: 0, window_end_s: 30000}
-checkpointing:
-  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
-teams: {from_user_group: true}
-onprem:
-ONPREM
-controller:
-  fleet_id: preempt
-  tick_seconds: 60
-  teams:
-    priority_classes:
-      urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
-      normal: {order: 5}
-      batch: {order: 0}
-  limits: {max_instances: 0, scale_down_cooldown_s: 0}
-  pools:
-    - {name: od, market: on-demand, provider: aws, region: r1, instance_type: small,
-       gpus_per_instance: 1, boot_seconds: 60}
-policies:
-  - name: cost-aware
-market:
-  price_files: [prices.csv]
-  availability_file: avail.csv
+CLASSES_YAML = """
+priority_classes:
+  urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
+  normal: {order: 5}
+  batch: {order: 0}
 """
 
 
@@ -402,8 +378,8 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
 
 def replay_case(tmp_path: Path, nodes: list[int], within: float, rows: list[str]) -> list[float]:
     """The preempting class's waits, replayed."""
-    text = SCENARIO.replace("ONPREM\n", onprem(nodes)).replace("WITHIN", str(within))
-    return waits_of(replayed(tmp_path, textwrap.dedent(text), rows), "urgent")
+    text = scenario("preempt", nodes, CLASSES_YAML.replace("WITHIN", str(within)))
+    return waits_of(replayed(tmp_path, text, rows), "urgent")
 
 
 @settings(
@@ -492,33 +468,10 @@ def test_kubernetes_demand_folds_per_priority_class_name_only_when_asked() -> No
     assert read.priority_class == "urgent"
 
 
-AGING = """\
-name: aging
-seed: 1
-start: "2024-01-01T00:00:00Z"
-wait_target_s: 120
-trace: {file: trace.csv, window_start_s: 0, window_end_s: 40000}
-checkpointing:
-  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
-teams: {from_user_group: true}
-onprem:
-  - {name: n0, gpus: GPUS}
-controller:
-  fleet_id: aging
-  tick_seconds: 60
-  teams:
-    priority_classes:
-      urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
-      batch: {order: 0, promote_after_s: PROMOTE}
-  limits: {max_instances: 0, scale_down_cooldown_s: 0}
-  pools:
-    - {name: od, market: on-demand, provider: aws, region: r1, instance_type: small,
-       gpus_per_instance: 1, boot_seconds: 60}
-policies:
-  - name: cost-aware
-market:
-  price_files: [prices.csv]
-  availability_file: avail.csv
+AGING = """
+priority_classes:
+  urgent: {order: 10, spot: false, preempts: true, preempt_within_s: WITHIN}
+  batch: {order: 0, promote_after_s: PROMOTE}
 """
 
 
@@ -547,11 +500,8 @@ def test_replayed_aging_bounds_a_lower_class_wait_behind_a_stream_of_preempting_
     tmp_path: Path, case: tuple[int, float, float, int, list[str]]
 ) -> None:
     gpus, promote, within, urgent_s, rows = case
-    text = (
-        AGING.replace("GPUS", str(gpus))
-        .replace("WITHIN", str(within))
-        .replace("PROMOTE", str(promote))
-    )
+    classes = AGING.replace("WITHIN", str(within)).replace("PROMOTE", str(promote))
+    text = scenario("aging", [gpus], classes, window_s=40_000)
     (wait,) = waits_of(replayed(tmp_path, text, rows), "batch")
     # Once it starts older than promote_after_s it counts as urgent and is not taken again: its
     # last start comes at most one preempting job's bound and run (and two ticks) after that.

@@ -5,13 +5,12 @@ waiting gets its on-prem GPUs back within ``teams.reclaim_within_s``."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from team_replays import onprem, replayed, row, waits_of
+from team_replays import replayed, row, scenario, waits_of
 from test_evacuate import running
 from test_rebalance_onprem import MovingFake
 
@@ -172,36 +171,6 @@ def test_the_evacuator_keeps_the_bound() -> None:
 
 # -- replayed through the controller -----------------------------------------------------------
 
-SCENARIO = """\
-name: reclaim
-seed: 1
-start: "2024-01-01T00:00:00Z"
-wait_target_s: 120
-trace: {file: trace.csv, window_start_s: 0, window_end_s: 30000}
-checkpointing:
-  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
-teams: {from_user_group: true}
-onprem:
-ONPREM
-controller:
-  fleet_id: reclaim
-  tick_seconds: 60
-  teams:
-    reclaim_within_s: RECLAIM
-    teams:
-      owner: {guaranteed_gpus: GUARANTEE}
-      lender: {guaranteed_gpus: 0}
-  limits: {max_instances: 0, scale_down_cooldown_s: 0}
-  pools:
-    - {name: od, market: on-demand, provider: aws, region: r1, instance_type: small,
-       gpus_per_instance: 1, boot_seconds: 60}
-policies:
-  - name: cost-aware
-market:
-  price_files: [prices.csv]
-  availability_file: avail.csv
-"""
-
 
 @st.composite
 def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
@@ -233,12 +202,13 @@ def test_replayed_an_owner_below_its_guarantee_starts_within_the_bound(
     tmp_path: Path, case: tuple[list[int], int, float, list[str]]
 ) -> None:
     nodes, guarantee, reclaim_within, rows = case
-    text = (
-        SCENARIO.replace("ONPREM\n", onprem(nodes))
-        .replace("RECLAIM", str(reclaim_within))
-        .replace("GUARANTEE", str(guarantee))
-    )
-    result = replayed(tmp_path, textwrap.dedent(text), rows)
+    teams = f"""
+reclaim_within_s: {reclaim_within}
+teams:
+  owner: {{guaranteed_gpus: {guarantee}}}
+  lender: {{guaranteed_gpus: 0}}
+"""
+    result = replayed(tmp_path, scenario("reclaim", nodes, teams), rows)
     owner_waits = waits_of(result, "owner")
     assert owner_waits, "the owner's jobs ran"
     # No cloud capacity may be bought (max_instances 0): only reclaim can start them.

@@ -4,47 +4,35 @@ for, so a capped team's cloud GPUs never pass its limit while another team's sti
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-from team_replays import replayed, row
+from team_replays import replayed, row, scenario
 
 from autoscaler.sim import SimResult
 
-SCENARIO = """\
-name: burst
-seed: 1
-start: "2024-01-01T00:00:00Z"
-wait_target_s: 120
-trace: {file: trace.csv, window_start_s: 0, window_end_s: 20000}
-checkpointing:
-  - {match: {preemptible: true}, interval_s: 600, duration_s: 20}
-teams: {from_user_group: true}
-onprem:
-  - {name: n0, gpus: 1}
-controller:
-  fleet_id: burst
-  tick_seconds: 60
-  teams:
-    teams:
-      capped: {burst_gpus: CAP}
-      free: {}
-  limits: {scale_down_cooldown_s: 0}
-  pools:
-    - {name: spot, market: spot, provider: aws, region: r1, instance_type: small,
-       gpus_per_instance: 1, boot_seconds: 60}
-policies:
-  - name: cost-aware
-market:
-  price_files: [prices.csv]
-  availability_file: avail.csv
-  pools: {spot: {interruption_rate_per_hour: 0.0}}
+TEAMS = """
+teams:
+  capped: {burst_gpus: CAP}
+  free: {}
 """
+SPOT = (
+    "{name: spot, market: spot, provider: aws, region: r1, instance_type: small, "
+    "gpus_per_instance: 1, boot_seconds: 60}"
+)
 
 
 def replay_teams(tmp_path: Path, cap: int, teams: tuple[str, ...]) -> SimResult:
     rows = [row(f"{t}{n}", 0, 3_000, 1, t, 1) for t in teams for n in range(8)]
-    return replayed(tmp_path, textwrap.dedent(SCENARIO).replace("CAP", str(cap)), rows)
+    text = scenario(
+        "burst",
+        [1],
+        TEAMS.replace("CAP", str(cap)),
+        window_s=20_000,
+        limits="{scale_down_cooldown_s: 0}",
+        pool=SPOT,
+        market="  pools: {spot: {interruption_rate_per_hour: 0.0}}\n",
+    )
+    return replayed(tmp_path, text, rows)
 
 
 def test_a_capped_team_never_holds_more_cloud_gpus_than_its_burst_limit(tmp_path: Path) -> None:
