@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from autoscaler.sources.team_names import MAX_SAID, TeamNames
+from autoscaler.sources.team_names import TeamNames
 
 log = logging.getLogger(__name__)
 
@@ -15,16 +15,4 @@ log = logging.getLogger(__name__)
 class ClassNames(TeamNames):
     """Priority class names as one source reads them, remembered, each bad value said once."""
 
-    def _say(self, problem: str, shown: str) -> None:
-        with self._lock:
-            first = shown not in self._said and len(self._said) < MAX_SAID
-            if first:
-                self._said.add(shown)
-        if first:
-            log.warning(
-                "%s: the %s %s %s: its jobs count in no priority class (order 0)",
-                self.where,
-                self.field,
-                shown,
-                problem,
-            )
+    consequence = "its jobs count in no priority class (order 0)"

@@ -30,6 +30,9 @@ _MISSING = object()
 class TeamNames:
     """Team names as one source reads them, remembered, and each bad value said once."""
 
+    # what becomes of the jobs of a value that cannot be read, as the log line says it
+    consequence = "its jobs count under no team (unassigned)"
+
     def __init__(self, where: str, field: str) -> None:
         self.where = where
         self.field = field
@@ -71,9 +74,5 @@ class TeamNames:
                 self._said.add(shown)
         if first:
             log.warning(
-                "%s: the %s %s %s: its jobs count under no team (unassigned)",
-                self.where,
-                self.field,
-                shown,
-                problem,
+                "%s: the %s %s %s: %s", self.where, self.field, shown, problem, self.consequence
             )
