@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fakes import Rig, job, pool, rig
 
+from autoscaler.model.teams import TeamsConfig, TeamSpec
 from autoscaler.ops.metrics import Metrics
 from autoscaler.spi.sources import NodeUsage
 
@@ -108,3 +109,19 @@ def test_a_pool_of_queue_workers_that_never_join_is_left_alone() -> None:
     launched_one(t)
     t.clock.advance(10 * (BOOT_S + TIMEOUT_S))
     assert terminations(t) == []
+
+
+def test_the_replacement_is_bought_for_the_team_the_node_was_bought_for() -> None:
+    teams = TeamsConfig(teams={"research": TeamSpec(burst_gpus=2)})
+    t = rig([pool("a")], {"a": 1.0}, registration_timeout_s=TIMEOUT_S, teams=teams)
+    t.queue.jobs = [job("a").model_copy(update={"team": "research"})]
+    t.controller.tick()
+    t.cloud.boot_all()
+    (instance,) = t.cloud.instances
+    assert t.controller.table.teams() == {instance: "research"}
+    t.clock.advance(BOOT_S + TIMEOUT_S + 60)
+    t.controller.tick()
+    (replacement,) = t.cloud.instances
+    assert replacement != instance
+    # bought again for research, and counted against its burst limit
+    assert t.controller.table.teams() == {replacement: "research"}

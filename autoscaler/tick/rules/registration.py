@@ -65,6 +65,7 @@ def requests(
                         pool=record.pool,
                         count=1,
                         reason=f"replaces {record.id}, which never joined the scheduler",
+                        team=record.team,  # bought for the same team, held to its limits
                     ),
                 )
             )
