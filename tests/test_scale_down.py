@@ -263,9 +263,10 @@ def test_without_checkpoint_awareness_a_timed_out_drain_evicts() -> None:
 
 
 def _one_job_on_an_eight_gpu_node(
-    prices: dict[str, float],
+    prices: dict[str, float], usage: NodeUsage | None = None
 ) -> tuple[ManualClock, Controller]:
-    """An 8-GPU spot node running one long 1-GPU job that checkpoints, at 12.5 % utilisation."""
+    """An 8-GPU spot node running one long 1-GPU job that checkpoints, at 12.5 % utilisation
+    (or as ``usage`` says)."""
     clock = ManualClock(100_000.0)
     pools = tuple(pool(name, gpus=8 if name == "big" else 1) for name in prices)
     cloud = FakeCloud("fake", price_table=prices, now=clock.now)
@@ -273,7 +274,7 @@ def _one_job_on_an_eight_gpu_node(
     cloud.boot_all()
     long_job = RunningJob("long", instance.id, 1, clock.now() - 7200, 1800.0, 30.0, "USR1")
     scheduler = CheckpointingFake({instance.id: [long_job]})
-    nodes = FakeNodes(cloud={instance.id: NodeUsage(1, 12.5, None, None)})
+    nodes = FakeNodes(cloud={instance.id: usage or NodeUsage(1, 12.5, None, None)})
     controller = _controller(
         scheduler, nodes, cloud, clock, pools, CheckpointLedger(), CostAwarePolicy()
     )
@@ -463,3 +464,16 @@ def test_a_noticed_node_is_replaced_job_by_job_not_as_one_job_of_all_its_gpus() 
     )
     plan = CostAwarePolicy().decide(view)
     assert [(launch.pool, launch.count) for launch in plan.launches] == [("one", 3)]
+
+
+def test_a_node_of_shared_gpus_is_underused_by_what_its_slices_add_up_to() -> None:
+    """Slices on six of eight time-sliced GPUs that add up to two GPUs' worth: underused, though
+    six GPUs carry a slice; counted by GPUs carrying one, it is not."""
+    sliced = NodeUsage(6, 25.0, None, None, gpus_held=2.0)
+    clock, controller = _one_job_on_an_eight_gpu_node({"big": 10.0}, sliced)
+    (node,) = controller.tick().view.instances
+    assert node.underused_since == clock.now()
+    whole = NodeUsage(6, 25.0, None, None)
+    clock, controller = _one_job_on_an_eight_gpu_node({"big": 10.0}, whole)
+    (node,) = controller.tick().view.instances
+    assert node.underused_since is None

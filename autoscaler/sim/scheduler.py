@@ -522,6 +522,7 @@ class SimScheduler:
                     100.0 * node.util / node.gpus,
                     node.idle_since,
                     node.empty_since,
+                    float(node.shared.held_gpus()) if node.shared is not None else None,
                 )
         return NodeReading(tuple(onprem), cloud)
 

@@ -45,6 +45,9 @@ class NodeUsage:
     gpu_util_pct: float | None = None
     idle_since: float | None = None
     empty_since: float | None = None
+    # Where GPUs are shared (time-slicing, MIG): the GPUs' worth the jobs' slices hold, which
+    # may be less than the GPUs with a slice on them (``gpus_allocated``). None: not shared.
+    gpus_held: float | None = None
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,10 @@ class Observer:
             seen = usage.get(record.id)
             if record.state is not InstanceState.RUNNING or seen is None:
                 continue
-            if 0 < seen.gpus_allocated * 2 <= record.gpus:
+            held = seen.gpus_held if seen.gpus_held is not None else seen.gpus_allocated
+            # A node of shared GPUs holding only slices is underused by what they add up to,
+            # not by how many GPUs carry one.
+            if 0 < held * 2 <= record.gpus:
                 since[record.id] = self.memory.underused_since.get(record.id, now)
         self.memory.underused_since = since
         return since
