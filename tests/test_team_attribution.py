@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from test_sim_engine import job_row, small_scenario
 
 from autoscaler.fleet.attribution import IDLE, apportion, bill, cents
+from autoscaler.model.sharing import GpuSharing
 from autoscaler.model.teams import TeamsConfig, TeamSpec
 from autoscaler.report.build import build_report
 from autoscaler.report.render import render_markdown
@@ -208,3 +209,11 @@ def test_a_shortfall_is_late_only_once_it_has_lasted_longer_than_the_bound() -> 
     count_short(shortfall, full, {"research": 8}, 60.0, 240.0, 120.0)  # type: ignore[arg-type]
     count_short(shortfall, short, {"research": 8}, 60.0, 300.0, 120.0)  # type: ignore[arg-type]
     assert shortfall.late_ticks["research"] == 1
+
+
+def test_a_nodes_own_gpu_sharing_goes_with_its_static_slice() -> None:
+    shared = GpuSharing.model_validate({"mode": "time-slicing", "replicas": 4})
+    fleet = [OnPremNodeSpec(name="n0", gpus=4, gpu_sharing=shared)]
+    config = TeamsConfig(teams={"a": TeamSpec(guaranteed_gpus=2), "b": TeamSpec()})
+    for piece in slices(fleet, config, ["a", "b"]):
+        assert all(node.gpu_sharing == shared for node in piece.nodes)

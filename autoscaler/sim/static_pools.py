@@ -69,7 +69,12 @@ def _take(
         kept = counts.get(name)
         counts[name] = (spec, (kept[1] if kept else 0) + 1)
     return tuple(
-        OnPremNodeSpec(name=f"{team[:60]}-{name}"[:128], gpus=n, gpu_model=spec.gpu_model)
+        OnPremNodeSpec(
+            name=f"{team[:60]}-{name}"[:128],
+            gpus=n,
+            gpu_model=spec.gpu_model,
+            gpu_sharing=spec.gpu_sharing,  # a node's own sharing goes with its slice
+        )
         for name, (spec, n) in counts.items()
     )
 
