@@ -62,7 +62,18 @@ def test_a_job_is_listed_on_its_node_with_its_gpus_and_convention() -> None:
     )
 
     assert read_running_jobs(text, RULES) == {
-        "gpu-a": [RunningJob("41", "gpu-a", 2, 1_700_000_000.0, 60.0, 5.0, "USR1")]
+        "gpu-a": [
+            RunningJob(
+                "41",
+                "gpu-a",
+                2,
+                1_700_000_000.0,
+                60.0,
+                5.0,
+                "USR1",
+                submitted_at=float(TEMPLATE["submit_time"]),  # the captured job's
+            )
+        ]
     }
 
 
