@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from team_replays import replayed, row, scenario, waits_of
 from test_evacuate import running
@@ -17,7 +17,7 @@ from test_rebalance_onprem import MovingFake
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.model import Demand, DemandGroup, FleetView, OnPremNode, Placement
 from autoscaler.model.teams import TeamsConfig, TeamSpec
-from autoscaler.spi.sources import RunningJob
+from autoscaler.spi.sources import HeldOff, RunningJob
 from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules import reclaim
@@ -183,12 +183,17 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     for n, gpus in enumerate(nodes):
         for k in range(gpus):
             rows.append(row(f"l{n}-{k}", 0, 20_000, 1, "lender", draw(st.integers(0, 1))))
-    # one owner job within its guarantee arrives once the fleet is full (several in a row are
-    # not yet kept: a borrower requeued for the first may take what is freed for the next, the
-    # scheduler ordering by age, not guarantees; docs/teams.md)
-    gpus = draw(st.integers(1, min(guarantee, max(nodes))))
-    submit = draw(st.integers(300, 6_000))
-    rows.append(row("o0", submit, 3_000, gpus, "owner", draw(st.integers(0, 1))))
+    # the owner's jobs, within its guarantee together, arrive once the fleet is full: a borrower
+    # requeued for one may take the room freed for the next (the scheduler orders by age, not
+    # guarantees), which the rule must see and free again
+    room = guarantee
+    for n in range(draw(st.integers(1, 3))):
+        if room == 0:
+            break
+        gpus = draw(st.integers(1, min(room, max(nodes))))
+        room -= gpus
+        submit = draw(st.integers(300, 6_000))
+        rows.append(row(f"o{n}", submit, 3_000, gpus, "owner", draw(st.integers(0, 1))))
     return nodes, guarantee, reclaim_within, rows
 
 
@@ -198,6 +203,15 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=fleets())
+@example(  # the room freed for o0 taken by a requeued lender, then o1's by another
+    case=(
+        [3, 1, 1],
+        2,
+        300.0,
+        [row(f"l{n}", 0, 20_000, 1, "lender", 0) for n in range(5)]
+        + [row("o0", 300, 3_000, 1, "owner", 0), row("o1", 300, 3_000, 1, "owner", 0)],
+    )
+)
 def test_replayed_an_owner_below_its_guarantee_starts_within_the_bound(
     tmp_path: Path, case: tuple[list[int], int, float, list[str]]
 ) -> None:
@@ -213,3 +227,13 @@ teams:
     assert owner_waits, "the owner's jobs ran"
     # No cloud capacity may be bought (max_instances 0): only reclaim can start them.
     assert max(owner_waits) <= reclaim_within, (owner_waits, reclaim_within, nodes, guarantee)
+
+
+def test_room_another_job_took_is_made_again_once_two_ticks_have_passed() -> None:
+    nodes, jobs = full_fleet()
+    view = view_of(nodes, [pending(2, "p", "owner", NOW - 800.0)])
+    fresh = OnPremJobs({}, held=(HeldOff("x", "a", "p", NOW - TICK),))
+    assert reclaim.reclaim(view, TEAMS, jobs, fresh, Placement(), TICK).moves == []
+    lost = OnPremJobs({}, held=(HeldOff("x", "a", "p", NOW - 2 * TICK),))
+    (move,) = reclaim.reclaim(view, TEAMS, jobs, lost, Placement(), TICK).moves
+    assert move.for_job == "p" and move.node == "a"  # the node it was held on is free again

@@ -229,7 +229,9 @@ class SimScheduler:
         self._onprem_cache: dict[str, tuple[int, OnPremNode]] = {}
         self._max_free = 0
         self.busy_gpus: dict[Capacity, int] = dict.fromkeys(Capacity, 0)
-        self._holds: dict[int, _Hold] = {}  # by the moved job's seq
+        # by the moved job's seq: a job moved again while held keeps both holds, as Slurm keeps
+        # a job's ExcNodeList when it adds the node it leaves
+        self._holds: dict[int, list[_Hold]] = {}
         # Jobs below this seq were submitted before the placement in force was applied; later
         # ones have not been judged by any placement yet (None: no placement applied so far).
         self._judged_below: int | None = None
@@ -396,16 +398,29 @@ class SimScheduler:
             raise SourceError(f"move job {job_id} off {node}: it does not run there")
         now = self.clock.now()
         self._interrupt(job, now, moved=True)
-        self._holds[job.seq] = _Hold(node, int(for_job), now)
+        self._holds.setdefault(job.seq, []).append(_Hold(node, int(for_job), now))
 
     def held_off(self) -> list[HeldOff]:
-        now = self.clock.now()
-        for seq, hold in list(self._holds.items()):
-            if now - hold.since >= MOVE_HOLD_S:
-                del self._holds[seq]
+        for seq in list(self._holds):
+            self._current_holds(seq)
         return [
-            HeldOff(str(seq), h.node, str(h.for_job), h.since) for seq, h in self._holds.items()
+            HeldOff(str(seq), h.node, str(h.for_job), h.since)
+            for seq, holds in self._holds.items()
+            for h in holds
         ]
+
+    def _current_holds(self, seq: int) -> frozenset[str]:
+        """The nodes job ``seq`` is kept off now (holds past ``MOVE_HOLD_S`` are let go)."""
+        holds = self._holds.get(seq)
+        if not holds:
+            return frozenset()
+        now = self.clock.now()
+        kept = [h for h in holds if now - h.since < MOVE_HOLD_S]
+        if kept:
+            self._holds[seq] = kept
+        else:
+            del self._holds[seq]
+        return frozenset(h.node for h in kept)
 
     def last_natural_checkpoint(self, job_id: str) -> float | None:
         """When the job's current run last finished a checkpoint on its own schedule."""
@@ -629,20 +644,15 @@ class SimScheduler:
         """The nodes to start ``job`` on now: the tightest fit of the first tier that has room,
         one node per node the job asks for, all of one kind."""
         shape = job.trace.shape
-        hold = self._holds.get(job.seq) if self._holds else None
-        if hold is not None and self.clock.now() - hold.since >= MOVE_HOLD_S:
-            del self._holds[job.seq]
-            hold = None
+        avoid = self._current_holds(job.seq) if self._holds else frozenset()
         fraction = job.trace.gpu_fraction if self.shares else None
         for kind in self._tiers(job):
             if fraction is not None and self._shared_nodes[kind]:
-                sliced = self._tightest_slice(
-                    kind, shape, fraction, hold.node if hold is not None else None
-                )
+                sliced = self._tightest_slice(kind, shape, fraction, avoid)
                 if sliced is not None:
                     return [sliced]
             if job.trace.nodes == 1:
-                node = self._tightest(kind, shape, hold.node if hold is not None else None)
+                node = self._tightest(kind, shape, avoid)
                 if node is not None:
                     return [node]
                 continue
@@ -652,12 +662,12 @@ class SimScheduler:
         return None
 
     def _tightest(
-        self, kind: Capacity, shape: NodeShape, avoid: str | None = None
+        self, kind: Capacity, shape: NodeShape, avoid: frozenset[str] = frozenset()
     ) -> SimNode | None:
         """The node of this kind with the least free room that still holds one node of
         ``shape`` on GPUs it accepts (other than ``avoid``)."""
         by_free = self._index[kind]
-        if avoid is None and not shape.gpu_models and shape.min_gpu_memory_gib is None:
+        if not avoid and not shape.gpu_models and shape.min_gpu_memory_gib is None:
             best: int | None = None
             for free, nodes in by_free.items():
                 if nodes and free >= shape.gpus and (best is None or free < best):
@@ -665,12 +675,14 @@ class SimScheduler:
             return next(iter(by_free[best].values())) if best is not None else None
         for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
             for node in by_free[free].values():
-                if node.name != avoid and shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
+                if node.name not in avoid and shape.accepts(
+                    free, node.gpu_model, node.gpu_memory_gib
+                ):
                     return node
         return None
 
     def _tightest_slice(
-        self, kind: Capacity, shape: NodeShape, fraction: float, avoid: str | None
+        self, kind: Capacity, shape: NodeShape, fraction: float, avoid: frozenset[str]
     ) -> SimNode | None:
         """The shared node of this kind whose GPU a job asking ``fraction`` of one fills most
         tightly (a partly used GPU before an empty one); None when none has a slice for it."""
@@ -678,7 +690,7 @@ class SimScheduler:
         for node in self._shared_nodes[kind].values():
             shared = node.shared
             assert shared is not None
-            if node.name == avoid or (node.free == 0 and not shared.has_partial()):
+            if node.name in avoid or (node.free == 0 and not shared.has_partial()):
                 continue
             if not shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib):
                 continue
@@ -706,8 +718,12 @@ class SimScheduler:
 
     def _start(self, job: SimJob, nodes: list[SimNode], now: float) -> None:
         if self._holds:
-            for seq in [s for s, h in self._holds.items() if h.for_job == job.seq]:
-                del self._holds[seq]
+            for seq, holds in list(self._holds.items()):
+                kept = [h for h in holds if h.for_job != job.seq]
+                if not kept:
+                    del self._holds[seq]
+                elif len(kept) < len(holds):
+                    self._holds[seq] = kept
         per_node = job.gpus_per_node
         job.slice = None
         for node in nodes:

@@ -36,7 +36,7 @@ from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
 from autoscaler.tick.rules.reclaim import Reclaim
-from autoscaler.tick.rules.taking import Claims, fewest_moved, greedy
+from autoscaler.tick.rules.taking import Claims, fewest_moved, greedy, room_lost
 
 RULE = "preempt"
 
@@ -58,7 +58,8 @@ def preempt(
     preemptors = _preempting_groups(view, classes, placement)
     if not preemptors:
         return Reclaim()
-    claims = Claims.of(onprem, running, taken)
+    waiting = {job for group, _ in preemptors for job in group.oldest_jobs}
+    claims = Claims.of(onprem, running, taken, room_lost(onprem, waiting, view.now, tick_s))
     found: list[MoveJobs] = []
     for group, cls in preemptors:
         within = cls.preempt_within_s or teams.reclaim_within_s

@@ -36,7 +36,7 @@ from autoscaler.model.teams import UNASSIGNED, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
-from autoscaler.tick.rules.taking import Claims, Pick, fewest_moved
+from autoscaler.tick.rules.taking import Claims, Pick, fewest_moved, room_lost
 
 RULE = "reclaim"
 
@@ -80,7 +80,8 @@ def reclaim(
     owners = _owner_groups(view, teams, placement)
     if not owners:
         return Reclaim()
-    claims = Claims.of(onprem, running, taken)
+    waiting = {g.oldest_jobs[0] for g in owners}
+    claims = Claims.of(onprem, running, taken, room_lost(onprem, waiting, view.now, tick_s))
     held = onprem_held(view, running, frozenset(claims.leaving))
     coming = _coming(view, claims.served)
     found: list[MoveJobs] = []

@@ -7,7 +7,7 @@ lower priority class); each passes that as ``pick``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from autoscaler.model import DemandGroup, OnPremNode
@@ -35,19 +35,36 @@ class Claims:
         onprem: OnPremJobs,
         running: Mapping[str, Sequence[RunningJob]],
         taken: Sequence[MoveJobs],
+        lost: Collection[str] = (),
     ) -> Claims:
-        busy = {h.node for h in onprem.held} | {m.node for m in taken}
+        """``lost`` are pending jobs whose freed room another job took: their holds no longer
+        stand for them, so room is made for them again (and on those nodes)."""
+        held = [h for h in onprem.held if h.for_job not in lost]
+        busy = {h.node for h in held} | {m.node for m in taken}
         busy |= {node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)}
         return cls(
             busy,
             set(onprem.moving) | {j.id for m in taken for j in m.jobs},
-            set(onprem.served) | {m.for_job for m in taken},
+            set(onprem.making_room_for) | {h.for_job for h in held} | {m.for_job for m in taken},
         )
 
     def claim(self, node: str, jobs: Sequence[RunningJob], for_job: str) -> None:
         self.busy_nodes.add(node)
         self.leaving |= {job.id for job in jobs}
         self.served.add(for_job)
+
+
+def room_lost(onprem: OnPremJobs, waiting: Collection[str], now: float, tick_s: float) -> set[str]:
+    """Pending jobs room was made for two ticks ago or more (their holds stand, no move for them
+    is under way) that still wait: the scheduler would have started them had the room stayed
+    free, so another job took it (one not held off that node, such as a job moved earlier)."""
+    return {
+        h.for_job
+        for h in onprem.held
+        if h.since <= now - 2 * tick_s
+        and h.for_job in waiting
+        and h.for_job not in onprem.making_room_for
+    }
 
 
 def greedy(eligible: Callable[[RunningJob], bool]) -> Pick:
