@@ -506,3 +506,13 @@ def test_replayed_aging_bounds_a_lower_class_wait_behind_a_stream_of_preempting_
     # Once it starts older than promote_after_s it counts as urgent and is not taken again: its
     # last start comes at most one preempting job's bound and run (and two ticks) after that.
     assert wait <= promote + within + urgent_s + 2 * 60.0, (wait, case[:4])
+
+
+def test_replayed_two_jobs_moved_in_one_tick_do_not_swap_nodes_for_ever(tmp_path: Path) -> None:
+    """Two preempting jobs free both nodes at once; each moved job, held off only the node it
+    left, takes the other's. The next round moves them again, and each then keeps both holds
+    (as Slurm keeps a job's ExcNodeList), so the preempting jobs start."""
+    rows = [row("l0", 0, 20_000, 1, "batch", 0), row("l1", 0, 20_000, 1, "batch", 0)]
+    rows += [row("u0", 300, 3_000, 1, "urgent", 0), row("u1", 300, 3_000, 1, "urgent", 0)]
+    waits = replay_case(tmp_path, [1, 1], 300.0, rows)
+    assert len(waits) == 2 and max(waits) <= 300.0, waits
