@@ -188,7 +188,10 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     # orders by age, not guarantees), which the rule must see and free again. (Jobs of two
     # shapes freed for in one tick may be placed on each other's room: docs/teams.md.)
     gpus = draw(st.integers(1, min(guarantee, max(nodes))))
-    for n in range(min(draw(st.integers(1, 3)), guarantee // gpus)):
+    # no more than the guarantee holds, nor than the nodes can host side by side (a 4-GPU job
+    # has only the 4-GPU nodes, whatever the team is guaranteed)
+    fits = sum(size // gpus for size in nodes)
+    for n in range(min(draw(st.integers(1, 3)), guarantee // gpus, fits)):
         submit = draw(st.integers(300, 6_000))
         rows.append(row(f"o{n}", submit, 3_000, gpus, "owner", draw(st.integers(0, 1))))
     return nodes, guarantee, reclaim_within, rows
@@ -200,6 +203,15 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=fleets())
+@example(  # a 4-GPU owner job whose only possible node, the 4-GPU one, the lender fills
+    case=(
+        [1, 3, 4],
+        8,
+        300.0,
+        [row(f"l{n}", 0, 20_000, 1, "lender", 0) for n in range(8)]
+        + [row("o0", 300, 3_000, 4, "owner", 0)],
+    )
+)
 @example(  # the room freed for o0 taken by a requeued lender, then o1's by another
     case=(
         [3, 1, 1],
