@@ -339,6 +339,11 @@ class DemandGroup(Frozen):
     priority_class: str | None = Field(
         None, max_length=253, description="the priority class of the jobs (priorities.py)"
     )
+    class_order: int = Field(
+        0,
+        description="the order the jobs are placed and bought in: their class's, raised by "
+        "aging (priorities.py); set by the observer where the config lists classes, 0 elsewhere",
+    )
 
     @model_validator(mode="after")
     def _whole(self) -> DemandGroup:

@@ -97,15 +97,18 @@ class ClassBook:
 
     def rank(self, demand: Demand, now: float) -> Demand:
         """``demand`` with every group of a class kept off spot marked ``high_priority`` (so
-        every placement rule keeps it off spot), and the groups in the order they are placed
+        every placement rule keeps it off spot), each group's ``class_order`` its aged class's
+        (a policy that buys by class reads it), and the groups in the order they are placed
         in: highest (aged) class first, the sources' order otherwise."""
         if not self.classes or not demand.groups:
             return demand
         ranked: list[tuple[int, int, DemandGroup]] = []
         for index, group in enumerate(demand.groups):
-            kept = group
+            order = self.order_of(group, now)
+            update: dict[str, object] = {"class_order": order} if order != group.class_order else {}
             if not self.of(group.priority_class).spot and not group.high_priority:
-                kept = group.model_copy(update={"high_priority": True})
-            ranked.append((-self.order_of(group, now), index, kept))
+                update["high_priority"] = True
+            kept = group.model_copy(update=update) if update else group
+            ranked.append((-order, index, kept))
         ranked.sort(key=lambda r: (r[0], r[1]))
         return demand.model_copy(update={"groups": tuple(g for _, _, g in ranked)})
