@@ -710,6 +710,8 @@ class K8sApi:
                 updated.setdefault("metadata", {})[kept] = stored["metadata"][kept]
         self._check_kind(kind, updated)
         _validate(kind, updated)
+        if kind.resource == "pods":
+            _check_pod_update(stored, updated)
         return self._replace_stored(kind.resource, stored, updated)
 
     def _replace_stored(
@@ -1082,6 +1084,35 @@ def _validate(kind: Kind, obj: dict[str, Any]) -> None:
             name,
             kind.resource,
             kind.group,
+        )
+
+
+def _check_pod_update(stored: dict[str, Any], updated: dict[str, Any]) -> None:
+    """422 for a pod update that takes away or changes a toleration: the real server's pod
+    update validation lets ``spec.tolerations`` take additions only (``tolerationSeconds``
+    aside)."""
+
+    def keyed(pod: Mapping[str, Any]) -> list[str]:
+        found = (pod.get("spec") or {}).get("tolerations") or []
+        return [
+            json.dumps({k: v for k, v in t.items() if k != "tolerationSeconds"}, sort_keys=True)
+            for t in found
+            if isinstance(t, dict)
+        ]
+
+    after = keyed(updated)
+    if any(t not in after for t in keyed(stored)):
+        name = stored["metadata"]["name"]
+        raise ApiError(
+            422,
+            f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other '
+            "than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+            "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+            "tolerations) or `spec.terminationGracePeriodSeconds`",
+            "Invalid",
+            name,
+            "pods",
+            "",
         )
 
 

@@ -15,6 +15,9 @@ The roles are the Slurm adapter's (docs/kubernetes.md):
 * checkpointing: ``running_jobs`` (GPU pods by node), ``signal`` (the annotation
   ``gpu-autoscaler.io/checkpoint-requested`` a sidecar watches), ``requeue`` (the pod of a Job
   is deleted and its controller makes a new one; a bare pod is not deleted, and said);
+* moves (``move_off``, ``held_off``): a pod moved off a node for a pending pod is requeued so,
+  and the room kept for the pending one by a taint on the node that only it tolerates, lifted
+  by ``apply_placement`` once it has started (``moves``);
 * the join: ``join_user_data`` renders each pool's boot script (``kubernetes_join``).
 
 With ``watch_cache`` the pods and nodes a reading folds come from a watch-fed cache
@@ -46,18 +49,20 @@ from autoscaler.sources.kubernetes.api import KubeApi, Listing
 from autoscaler.sources.kubernetes.cache import WatchCache
 from autoscaler.sources.kubernetes.demand import UNKNOWN_RESOURCE, describe, pending_demand
 from autoscaler.sources.kubernetes.fit import NodeNeeds, PoolLabels, unmet
+from autoscaler.sources.kubernetes.moves import HeldNode, Mover
 from autoscaler.sources.kubernetes.nodes import (
     Allocation,
     BadNodeError,
     Node,
     Nodes,
     node_reading,
+    read_node,
     running_jobs,
     workload,
 )
 from autoscaler.sources.kubernetes.pods import BadPodError, Pod, PodRules, Times, read_pod
 from autoscaler.sources.kubernetes.settings import KubernetesSettings
-from autoscaler.spi.sources import NodeReading, RunningJob
+from autoscaler.spi.sources import HeldOff, NodeReading, RunningJob
 
 __all__ = ["KubernetesSettings", "KubernetesSource"]
 
@@ -71,8 +76,8 @@ _SIGNAL = re.compile(r"^(SIG)?[A-Za-z0-9]{1,16}$")
 
 
 class KubernetesSource:
-    """Queue source, node source, workload scheduler and checkpointing scheduler of one
-    cluster, and the renderer of its cloud nodes' boot script."""
+    """Queue source, node source, workload scheduler, checkpointing scheduler and mover of pods
+    off nodes of one cluster, and the renderer of its cloud nodes' boot script."""
 
     Settings = KubernetesSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
 
@@ -98,6 +103,7 @@ class KubernetesSource:
         self._lock = threading.Lock()
         self._cache: WatchCache | None = None
         self._cache_lock = threading.Lock()  # held while the cache starts and first syncs
+        self.mover = Mover(self.api, self.rules, self.where, self._node_key)
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> KubernetesSource:
@@ -283,6 +289,35 @@ class KubernetesSource:
             raise SourceError(f"{self.where}: requeue {job_id}: not deleted, it is {what}")
         self.api.delete_pod(namespace, name, pod.uid or None)
 
+    # -- moves ------------------------------------------------------------------------------------
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        """Requeue the pod ``job_id`` running on ``node`` (as ``requeue`` does: a bare pod or a
+        DaemonSet's is never moved) and keep the room it leaves for the pending pod ``for_job``
+        (``moves``)."""
+        job = _check_job(job_id, self.where)
+        owner = _check_job(for_job, self.where)
+        found = self._node(node)
+        self.mover.move_off(job, found.name, owner)
+
+    def held_off(self) -> list[HeldOff]:
+        """The holds recorded on the nodes (so a restarted controller sees them too)."""
+        nodes = self.mover.held_nodes()
+        self._tell_holds(nodes)
+        return self.mover.held_off(nodes)
+
+    def _tell_holds(self, nodes: Sequence[HeldNode]) -> None:
+        bad = [node.problem for node in nodes if node.problem is not None]
+        self._counts["unreadable-hold"] = len(bad)
+        self._tell(bad, "node hold(s)")
+
+    def _node_key(self, obj: dict[str, Any]) -> str:
+        """What the controller calls a node it has the object of (its name if unreadable)."""
+        try:
+            return read_node(obj, self.rules).key
+        except BadNodeError:
+            return str((obj.get("metadata") or {}).get("name") or "")
+
     # -- draining --------------------------------------------------------------------------------
 
     def _node(self, key: str) -> Node:
@@ -401,13 +436,20 @@ class KubernetesSource:
         this keeps is the nodes' side: every managed spot node carries the taint and no other
         managed node does, and a node of a pool this source knows carries its pool's labels
         (market, pool, GPU model). A node is patched only where it differs, under the
-        resourceVersion it was read at, so a change made meanwhile is not overwritten."""
+        resourceVersion it was read at, so a change made meanwhile is not overwritten. Holds of
+        pods moved off a node (``move_off``) that have done their work are lifted."""
+        failures: list[str] = []
+        try:
+            held = self.mover.held_nodes()
+            self._tell_holds(held)
+            failures += self.mover.lift(held)
+        except SourceError as exc:
+            failures.append(str(exc))
         listing = self.api.list_nodes(f"{kubernetes_join.MANAGED_LABEL}=true")
         try:
             nodes = Nodes.read(listing.items, self.rules)
         except BadNodeError as exc:
             raise SourceError(f"{self.where}: placement: {exc}") from None
-        failures: list[str] = []
         for node in nodes.by_name.values():
             patch = self._placement_patch(node)
             if not patch:

@@ -302,7 +302,8 @@ class KubeApi:
         if isinstance(exc, ApiException) and exc.status:
             reason = f"HTTP {exc.status} {exc.reason or ''}".rstrip()
             said = _status_message(exc)
-            return SourceError(f"{self.where}: {what}: {reason}{': ' + said if said else ''}")
+            kind = ConflictError if exc.status == HTTP_CONFLICT else SourceError
+            return kind(f"{self.where}: {what}: {reason}{': ' + said if said else ''}")
         cause = getattr(exc, "reason", None)  # urllib3's MaxRetryError wraps what happened
         if isinstance(cause, BaseException):
             exc = cause
@@ -345,6 +346,11 @@ class KubeApi:
                 self._client = _client(self.settings, self.where)
                 self._core = CoreV1Api(self._client)
             return self._core
+
+
+class ConflictError(SourceError):
+    """A write the server refused with 409 Conflict: the object changed since it was read (a
+    ``resourceVersion`` precondition), so the writer reads it again and retries."""
 
 
 class ExpiredError(SourceError):

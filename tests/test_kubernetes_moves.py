@@ -1,0 +1,337 @@
+"""The ``kubernetes`` source's move path (``MovesJobsOff``), through the official client against
+the API emulator: a Job's pod moved off a node for a pending pod is deleted and made again by
+its Job, the node keeps the room for the pending pod (a taint only it tolerates), the hold is
+listed from the node (so a restarted controller sees it) and lifted once it has done its work;
+a bare pod is never moved; a hold annotation edited by hand is a named problem, never a silent
+"no holds" nor a lifted taint. And end to end, the real controller reclaims a team's guaranteed
+on-prem GPUs from a borrowing team's pod."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from k8s_api_emulator import K8sApi
+from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule
+from k8s_source_support import make_source
+
+from autoscaler.model import Placement
+from autoscaler.model.errors import SourceError
+from autoscaler.sources.kubernetes import KubernetesSource
+from autoscaler.sources.kubernetes.moves import HOLD_TAINT_KEY, HOLDS_ANNOTATION
+
+GPU_NODE = "gpu-a"
+MAINTENANCE = {"key": "example.com/maintenance", "value": "soon", "effect": "PreferNoSchedule"}
+HOLD_TOLERATION = {
+    "key": HOLD_TAINT_KEY,
+    "operator": "Equal",
+    "value": GPU_NODE,
+    "effect": "NoSchedule",
+}
+
+
+@pytest.fixture
+def source(k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubernetesSource]:
+    made = make_source(k8s_api, monkeypatch)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def jobs(k8s_api: K8sApi) -> JobController:
+    return JobController(k8s_api)
+
+
+def gpu_node(k8s_api: K8sApi, name: str = GPU_NODE, **extra: Any) -> None:
+    k8s_api.put("nodes", node(name, 4, taints=[MAINTENANCE], **extra))
+
+
+def borrower(k8s_api: K8sApi, jobs: JobController, where: str = GPU_NODE, **extra: Any) -> str:
+    """A Job's 4-GPU pod in namespace ``team-b``, running on ``where``; returns its id."""
+    made = pod("t", "team-b", gpus=4, **extra)
+    template = {"metadata": {"labels": made["metadata"]["labels"]}, "spec": made["spec"]}
+    job = jobs.add_job("borrow", template, namespace="team-b")
+    (created,) = [
+        p
+        for p in k8s_api.items("pods")
+        if (p["metadata"].get("labels") or {}).get("job-name") == job["metadata"]["name"]
+    ]
+    name = created["metadata"]["name"]
+    bind(k8s_api, name, "team-b", where)
+    return f"team-b/{name}"
+
+
+def owner(k8s_api: K8sApi, name: str = "owner") -> str:
+    """A bare 4-GPU pod of ``team-a``, pending."""
+    k8s_api.put("pods", pod(name, "team-a", gpus=4))
+    return f"team-a/{name}"
+
+
+def node_of(k8s_api: K8sApi, name: str = GPU_NODE) -> dict[str, Any]:
+    found = k8s_api.get("nodes", name)
+    assert found is not None
+    return found
+
+
+def hold_taints(k8s_api: K8sApi, name: str = GPU_NODE) -> list[dict[str, Any]]:
+    taints = node_of(k8s_api, name)["spec"].get("taints") or []
+    return [t for t in taints if t["key"] == HOLD_TAINT_KEY]
+
+
+def holds_annotation(k8s_api: K8sApi, name: str = GPU_NODE) -> str | None:
+    annotations = node_of(k8s_api, name)["metadata"].get("annotations") or {}
+    value = annotations.get(HOLDS_ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
+def pod_at(k8s_api: K8sApi, ident: str) -> dict[str, Any] | None:
+    namespace, name = ident.split("/")
+    return k8s_api.get("pods", name, namespace)
+
+
+def bound_to(k8s_api: K8sApi, ident: str) -> str | None:
+    found = pod_at(k8s_api, ident)
+    return found["spec"].get("nodeName") if found else None
+
+
+# -- the move and its hold ---------------------------------------------------------------------
+
+
+def test_a_moved_pod_leaves_and_its_room_is_kept_for_the_owner_until_it_starts(
+    k8s_api: K8sApi,
+    jobs: JobController,
+    source: KubernetesSource,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))  # room elsewhere: where the moved pod may go
+    moved = borrower(k8s_api, jobs, priority=1000)  # tried first by the scheduler
+    waiting = owner(k8s_api)
+
+    before = time.time()
+    source.move_off(moved, GPU_NODE, waiting)
+
+    assert pod_at(k8s_api, moved) is None, "the borrower was deleted"
+    (again,) = jobs.recreated
+    assert again.startswith("team-b/borrow-") and again != moved
+    assert hold_taints(k8s_api) == [
+        {"key": HOLD_TAINT_KEY, "value": GPU_NODE, "effect": "NoSchedule"}
+    ]
+    assert MAINTENANCE in node_of(k8s_api)["spec"]["taints"], "other taints are kept"
+    recorded = json.loads(holds_annotation(k8s_api) or "null")
+    assert [(h["job"], h["for"]) for h in recorded] == [(moved, waiting)]
+    owner_pod = pod_at(k8s_api, waiting)
+    assert owner_pod is not None
+    assert owner_pod["spec"]["tolerations"] == [HOLD_TOLERATION]
+    (held,) = source.held_off()
+    assert (held.job_id, held.node, held.for_job) == (moved, GPU_NODE, waiting)
+    assert before <= held.since <= time.time()
+
+    # a controller that restarts reads the hold back from the node
+    restarted = make_source(k8s_api, monkeypatch, name="restarted")
+    try:
+        assert restarted.held_off() == [held]
+    finally:
+        restarted.close()
+
+    # the recreated pod is tried first (higher priority) and kept off the held node; the owner
+    # lands there
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api), "not lifted while the owner waits"
+    bound = schedule(k8s_api)
+    assert bound_to(k8s_api, waiting) == GPU_NODE
+    assert bound_to(k8s_api, again) == "gpu-z"
+    assert set(bound) == {waiting, again}
+
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [], "lifted once the owner is bound"
+    assert holds_annotation(k8s_api) is None
+    assert MAINTENANCE in node_of(k8s_api)["spec"]["taints"]
+    assert source.held_off() == []
+
+
+def test_the_recreated_pod_stays_off_the_held_node_while_the_owner_cannot_start(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    # the owner cannot start anywhere yet: it asks for a node label no node has
+    k8s_api.mutate(
+        "pods", "owner", lambda p: p["spec"].update(nodeSelector={"zone": "nowhere"}), "team-a"
+    )
+    source.move_off(moved, GPU_NODE, waiting)
+    (again,) = jobs.recreated
+    for _ in range(3):
+        schedule(k8s_api)
+        source.apply_placement(Placement())
+    assert bound_to(k8s_api, again) is None, "the room is the owner's"
+    recreated = pod_at(k8s_api, again)
+    assert recreated is not None
+    (condition,) = recreated["status"]["conditions"]
+    assert HOLD_TAINT_KEY in condition["message"]
+    assert len(source.held_off()) == 1
+
+
+@pytest.mark.parametrize("how", ["bound elsewhere", "deleted", "namesake", "finished", "bound"])
+def test_a_hold_ends_once_its_owner_no_longer_waits(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource, how: str
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    source.move_off(moved, GPU_NODE, waiting)
+    if how == "bound elsewhere":
+        bind(k8s_api, "owner", "team-a", "gpu-z")
+    elif how == "bound":
+        bind(k8s_api, "owner", "team-a", GPU_NODE)
+    elif how == "deleted":
+        k8s_api.remove("pods", "owner", "team-a")
+    elif how == "namesake":
+        k8s_api.remove("pods", "owner", "team-a")
+        owner(k8s_api)
+    else:
+        k8s_api.mutate("pods", "owner", lambda p: p["status"].update(phase="Failed"), "team-a")
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    assert source.held_off() == []
+
+
+def test_a_hold_ends_at_its_bound(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    source.move_off(moved, GPU_NODE, waiting)
+    source.mover.move_hold_s = 0.001
+    time.sleep(0.01)
+    assert source.held_off() == [], "a hold past its bound is not listed"
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_two_holds_on_one_node_share_its_taint_until_the_last_ends(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    k8s_api.put("nodes", node(GPU_NODE, 8))
+    first = borrower(k8s_api, jobs)
+    made = pod("t", "team-b", gpus=4)
+    template = {"metadata": {}, "spec": made["spec"]}
+    jobs.add_job("other", template, namespace="team-b")
+    (other,) = [p for p in k8s_api.items("pods") if p["metadata"]["name"].startswith("other-")]
+    bind(k8s_api, other["metadata"]["name"], "team-b", GPU_NODE)
+    one, two = owner(k8s_api, "one"), owner(k8s_api, "two")
+    source.move_off(first, GPU_NODE, one)
+    source.move_off(f"team-b/{other['metadata']['name']}", GPU_NODE, two)
+    assert len(hold_taints(k8s_api)) == 1, "one taint per node (unique by key and effect)"
+    assert {h.for_job for h in source.held_off()} == {one, two}
+    bind(k8s_api, "one", "team-a", GPU_NODE)
+    source.apply_placement(Placement())
+    assert [h.for_job for h in source.held_off()] == [two]
+    assert len(hold_taints(k8s_api)) == 1, "still held for the other owner"
+    bind(k8s_api, "two", "team-a", GPU_NODE)
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+# -- what is never moved -----------------------------------------------------------------------
+
+
+def test_a_bare_pod_is_never_moved(k8s_api: K8sApi, source: KubernetesSource) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("pods", pod("lone", "team-b", gpus=4))
+    bind(k8s_api, "lone", "team-b", GPU_NODE)
+    waiting = owner(k8s_api)
+    with pytest.raises(SourceError, match="bare pod"):
+        source.move_off("team-b/lone", GPU_NODE, waiting)
+    assert pod_at(k8s_api, "team-b/lone") is not None
+    assert k8s_api.served("DELETE") == []
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    assert not (pod_at(k8s_api, waiting) or {})["spec"].get("tolerations")
+    assert source.held_off() == []
+
+
+def test_a_daemonsets_pod_a_pod_elsewhere_or_a_started_owner_is_not_moved(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))
+    k8s_api.put("pods", pod("plugin", "kube-system", gpus=1, owner=daemonset_owner()))
+    bind(k8s_api, "plugin", "kube-system", GPU_NODE)
+    waiting = owner(k8s_api)
+    with pytest.raises(SourceError, match="DaemonSet"):
+        source.move_off("kube-system/plugin", GPU_NODE, waiting)
+    moved = borrower(k8s_api, jobs, where="gpu-z")
+    with pytest.raises(SourceError, match="runs on gpu-z"):
+        source.move_off(moved, GPU_NODE, waiting)
+    with pytest.raises(SourceError, match="is gone"):
+        source.move_off(moved, "gpu-z", "team-a/nobody")
+    bind(k8s_api, "owner", "team-a", GPU_NODE)
+    with pytest.raises(SourceError, match="waits no more"):
+        source.move_off(moved, "gpu-z", waiting)
+    assert k8s_api.served("DELETE") == []
+    assert hold_taints(k8s_api) == [] and hold_taints(k8s_api, "gpu-z") == []
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    ['[{"job": "team-b/x"', '{"job": "x"}', '[{"job": "team-b/x", "for": 3}]', None],
+)
+def test_a_hold_annotation_edited_by_hand_is_named_and_its_taint_left_alone(
+    k8s_api: K8sApi,
+    jobs: JobController,
+    source: KubernetesSource,
+    caplog: pytest.LogCaptureFixture,
+    annotation: str | None,
+) -> None:
+    ours = {"key": HOLD_TAINT_KEY, "value": GPU_NODE, "effect": "NoSchedule"}
+    gpu_node(k8s_api)
+    k8s_api.mutate("nodes", GPU_NODE, lambda n: n["spec"]["taints"].append(ours))
+    if annotation is not None:
+        k8s_api.mutate(
+            "nodes",
+            GPU_NODE,
+            lambda n: (
+                n["metadata"].setdefault("annotations", {}).update({HOLDS_ANNOTATION: annotation})
+            ),
+        )
+    caplog.set_level(logging.WARNING)
+    assert source.held_off() == []
+    (line,) = source.problems
+    assert GPU_NODE in line and (HOLDS_ANNOTATION in line if annotation else HOLD_TAINT_KEY in line)
+    assert source.reading_problems()["unreadable-hold"] == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Traceback" not in warnings[0] and GPU_NODE in warnings[0]
+    source.held_off()
+    source.apply_placement(Placement())
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1, "said once"
+    assert hold_taints(k8s_api) == [ours], "a taint nobody can account for is never lifted"
+    assert holds_annotation(k8s_api) == annotation
+    # and no move is made onto it: its holds cannot be added to
+    moved = borrower(k8s_api, jobs)
+    with pytest.raises(SourceError, match=GPU_NODE):
+        source.move_off(moved, GPU_NODE, owner(k8s_api))
+    assert pod_at(k8s_api, moved) is not None
+
+
+def test_the_emulator_refuses_to_take_a_toleration_away(
+    k8s_api: K8sApi, source: KubernetesSource
+) -> None:
+    """As the real API server does: ``spec.tolerations`` of a pod take additions only."""
+    k8s_api.put("pods", pod("p", "team-a", gpus=1, tolerations=[HOLD_TOLERATION]))
+    assert source.api.change_pod(
+        "team-a",
+        "p",
+        {"spec": {"tolerations": [HOLD_TOLERATION, {**HOLD_TOLERATION, "value": "b"}]}},
+    )
+    with pytest.raises(SourceError, match=r"HTTP 422.*`spec.tolerations`"):
+        source.api.change_pod("team-a", "p", {"spec": {"tolerations": []}})
