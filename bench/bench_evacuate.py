@@ -145,7 +145,9 @@ class BenchCloud:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return list(self.instances.values())
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         made = tuple(
             Instance(
                 id=f"i-0new{self.launched + n:06d}",

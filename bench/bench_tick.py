@@ -166,7 +166,9 @@ class FakeProvider:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return self.world.listing(self.name, self.clock.now())
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         now = self.clock.now()
         world = self.world
         launched = []

@@ -155,18 +155,21 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
     which every one of them accepts; where the scheduler does not say how the node's GPUs are
     split, the node counts as one job of all its allocated GPUs, which buys a shape that can
     hold whatever ran there. A node of a multi-node job is replaced alone: its gang members that
-    were not interrupted are still there for the job when it is requeued.
+    were not interrupted are still there for the job when it is requeued. The work is counted
+    under the team the node was bought for (``CloudNode.team``), so its replacement is bought
+    for, and held to the limits of, the same team.
     """
     gone = leaving(view)
     pools = view.pool_by_name
-    sizes: dict[tuple[int, str | None], int] = {}
+    sizes: dict[tuple[int, str | None, str | None], int] = {}
     for node in view.instances:
         if node.instance_id not in gone or node.gpus_allocated <= 0:
             continue
         pool = pools.get(node.pool)
         model = pool.pool.gpu_model if pool is not None else None
         for gpus in node.job_gpus or (node.gpus_allocated,):
-            sizes[(gpus, model)] = sizes.get((gpus, model), 0) + 1
+            key = (gpus, model, node.team)
+            sizes[key] = sizes.get(key, 0) + 1
     return [
         DemandGroup.model_construct(
             gpus_per_job=gpus,
@@ -177,9 +180,10 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
             gpu_models=(model,) if model else (),
             min_gpu_memory_gib=None,
             oldest_submit_time=view.now,
+            team=team,
         )
-        for (gpus, model), count in sorted(
-            sizes.items(), key=lambda kv: (-kv[0][0], kv[0][1] or "")
+        for (gpus, model, team), count in sorted(
+            sizes.items(), key=lambda kv: (-kv[0][0], kv[0][1] or "", kv[0][2] or "")
         )
     ]
 

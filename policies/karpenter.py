@@ -511,6 +511,7 @@ class KarpenterPolicy:
             reason=f"consolidation: lower-priced replacement for {node.instance_id} "
             f"(${price_of(chosen):.2f}/h instead of ${price:.2f}/h)",
             shape=shape,
+            team=node.team,  # bought for the team the replaced node was: its limits hold it
         )
 
     def _budget(self, view: FleetView) -> int:

@@ -58,11 +58,15 @@ class SimProvider:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return self.cloud.list_instances(self.name)
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        return self.cloud.launch(pool, count, request_id, self.clock.now())
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
+        return self.cloud.launch(pool, count, request_id, self.clock.now(), team)
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        return self.cloud.launch_gang(pool, count, request_id, self.clock.now())
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
+        return self.cloud.launch_gang(pool, count, request_id, self.clock.now(), team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.cloud.terminate(instance_ids, self.clock.now())
@@ -167,7 +171,9 @@ class LiveSimProvider(SimProvider):
             self._catch_up()
             return super().list_instances(fleet_id)
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         known = self._pools.get(pool.name)
         if known is None:
             raise InvalidRequest(
@@ -175,9 +181,11 @@ class LiveSimProvider(SimProvider):
             )
         with self._lock:
             self._catch_up()
-            return super().launch(known, count, request_id, fleet_id)
+            return super().launch(known, count, request_id, fleet_id, team=team)
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         known = self._pools.get(pool.name)
         if known is None:
             raise InvalidRequest(
@@ -185,7 +193,7 @@ class LiveSimProvider(SimProvider):
             )
         with self._lock:
             self._catch_up()
-            return super().launch_gang(known, count, request_id, fleet_id)
+            return super().launch_gang(known, count, request_id, fleet_id, team=team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         with self._lock:

@@ -59,7 +59,9 @@ class FakeCloud:
             raise self.list_error
         return list(self.instances.values())
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         self.launch_calls.append((pool.name, count, request_id))
         if request_id in self.by_request:
             return LaunchResult(
@@ -84,6 +86,7 @@ class FakeCloud:
                 launched_at=self.now(),
                 request_id=request_id,
                 gpus=pool.gpus_per_instance,
+                team=team,
             )
             self.instances[instance.id] = instance
             made.append(instance)
@@ -93,7 +96,9 @@ class FakeCloud:
             shortfall = CapacityError(f"only {granted} of {count}", pool=pool.name)
         return LaunchResult(tuple(made), shortfall)
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         """All or nothing: a gang the pool's capacity cannot hold whole is not started."""
         self.gang_calls.append((pool.name, count, request_id))
         room = self.capacity.get(pool.name, 10**9) - sum(
@@ -101,7 +106,7 @@ class FakeCloud:
         )
         if room < count and request_id not in self.by_request:
             raise CapacityError(f"room for {room} of a gang of {count}", pool=pool.name)
-        return self.launch(pool, count, request_id, fleet_id)
+        return self.launch(pool, count, request_id, fleet_id, team=team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.terminate_calls.append(list(instance_ids))
@@ -167,8 +172,10 @@ class SoloLaunches:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return self.cloud.list_instances(fleet_id)
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        return self.cloud.launch(pool, count, request_id, fleet_id)
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
+        return self.cloud.launch(pool, count, request_id, fleet_id, team=team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.cloud.terminate(instance_ids, request_id)

@@ -16,7 +16,7 @@ from test_aws import FLEET, ec2, fleet_pool, provider
 from autoscaler.model import Instance, InstanceState
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.errors import ThrottledError, TransientError
-from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG
+from autoscaler.spi.provider import FLEET_TAG, LAUNCHED_AT_TAG, POOL_TAG, REQUEST_TAG, TEAM_TAG
 from providers.aws import AwsProvider
 from providers.aws.instances import LISTED_STATES, UNSEEN_GRACE_S
 
@@ -227,7 +227,7 @@ def test_a_steady_listing_reads_only_the_fleet_tag(aws: str) -> None:
 
     aws_provider.client("ec2", REGION).meta.events.register("before-send.ec2.DescribeTags", note)
     assert {i.id for i in listed(aws_provider)} == {i.id for i in first}
-    assert keys == [[FLEET_TAG], sorted([POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG])]
+    assert keys == [[FLEET_TAG], sorted([POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG, TEAM_TAG])]
     keys.clear()
     assert listed(aws_provider) == reference(aws_provider)
     assert keys == [[FLEET_TAG]]
@@ -237,7 +237,7 @@ def test_a_steady_listing_reads_only_the_fleet_tag(aws: str) -> None:
     result = listed(aws_provider)
     assert result == reference(aws_provider)
     assert {i.id for i in result} == {first[1].id, second[0].id}, "no fleet tag: not ours"
-    assert keys == [[FLEET_TAG], sorted([POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG])]
+    assert keys == [[FLEET_TAG], sorted([POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG, TEAM_TAG])]
 
 
 @pytest.mark.parametrize("operation", ["DescribeTags", "DescribeInstanceStatus"])

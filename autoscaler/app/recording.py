@@ -66,9 +66,11 @@ class RecordingProvider:
     def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
         return None
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         self.recorded.calls.append(("launch", pool.name, str(count), request_id))
-        return self._made_up(pool, count, request_id)
+        return self._made_up(pool, count, request_id, team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         self.recorded.calls.append(("terminate", *instance_ids))
@@ -77,7 +79,9 @@ class RecordingProvider:
         if isinstance(self.inner, Closable):
             self.inner.close()
 
-    def _made_up(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def _made_up(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         now = self.clock.now()
         return LaunchResult(
             tuple(
@@ -88,6 +92,7 @@ class RecordingProvider:
                     launched_at=now,
                     request_id=request_id,
                     gpus=pool.gpus_per_instance,
+                    team=team,
                 )
                 for n in range(count)
             )
@@ -95,9 +100,11 @@ class RecordingProvider:
 
 
 class RecordingGangProvider(RecordingProvider):
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         self.recorded.calls.append(("launch_gang", pool.name, str(count), request_id))
-        return self._made_up(pool, count, request_id)
+        return self._made_up(pool, count, request_id, team)
 
 
 def recording_provider(inner: Provider, clock: Clock, recorded: Recorded) -> RecordingProvider:

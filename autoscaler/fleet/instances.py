@@ -74,9 +74,9 @@ class InstanceRecord:
     drain_started_at: float | None = None
     interrupt_deadline: float | None = None
     move_jobs: bool = False
-    # Whom the instance was bought for (``LaunchRequest.team``). None for no team, and for an
-    # instance adopted from a listing after a restart: the clouds' listings do not say, so the
-    # team limits count it for no team (docs/teams.md).
+    # Whom the instance was bought for (``LaunchRequest.team``). None for no team. An instance
+    # adopted from a listing after a restart keeps the team its cloud tag names
+    # (``Instance.team``), so the team limits still count it for that team (docs/teams.md).
     team: str | None = None
 
     def _move(self, state: InstanceState, now: float, reason: str = "") -> None:
@@ -99,7 +99,7 @@ class InstanceRecord:
 @dataclass(frozen=True)
 class Launched:
     """A launch call returned this instance (or a listing showed one no record explains);
-    ``team`` is whom it was bought for (None when no team, or unknown after a restart)."""
+    ``team`` is whom it was bought for (None: the team the instance's own tag names, if any)."""
 
     instance: Instance
     provider: str
@@ -217,7 +217,7 @@ class InstanceTable:
             launched_at=instance.launched_at,
             updated_at=now,
             history=[(state, now, reason)],
-            team=team,
+            team=team if team is not None else instance.team,
         )
         self._records[instance.id] = record
         self._index(record, None)
@@ -240,6 +240,8 @@ class InstanceTable:
                 self.apply(Launched(instance, provider, "adopted from listing"), now)
                 adopted.append(instance.id)
                 continue
+            if record.team is None and instance.team is not None:
+                record.team = instance.team  # the cloud's tag says whom it was bought for
             move = _follow_cloud(record.state, instance.state)
             if move is not None:
                 self.apply(Moved(record.id, *move), now)

@@ -199,6 +199,11 @@ class Instance(Frozen):
     launched_at: float
     request_id: str
     gpus: PositiveInt
+    team: str | None = Field(
+        None,
+        max_length=253,
+        description="whom the instance was bought for, as its team tag says (None: no team)",
+    )
 
 
 class CloudNode(Frozen):
@@ -239,6 +244,9 @@ class CloudNode(Frozen):
     job_gpus: tuple[PositiveInt, ...] | None = None
     multi_node_jobs: bool | None = None
     gang_jobs: tuple[tuple[str, PositiveInt], ...] | None = None
+    team: str | None = Field(
+        None, max_length=253, description="whom the instance was bought for (None: no team)"
+    )
 
 
 class OnPremNode(Frozen):

@@ -72,13 +72,21 @@ class WatchedProvider:
     def acknowledge(self, notices: Sequence[InterruptionNotice]) -> None:
         self._timed("acknowledge", lambda: self.inner.acknowledge(notices))
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
+        # ``team`` is passed only when there is one: a provider written before teams still
+        # launches what no team asked for.
         return self._launch(
             "launch",
             pool,
             count,
             request_id,
-            lambda: self.inner.launch(pool, count, request_id, fleet_id),
+            lambda: (
+                self.inner.launch(pool, count, request_id, fleet_id)
+                if team is None
+                else self.inner.launch(pool, count, request_id, fleet_id, team=team)
+            ),
         )
 
     def _launch(
@@ -153,14 +161,20 @@ class WatchedGangProvider(WatchedProvider):
         super().__init__(inner, metrics, ledger, timer)  # type: ignore[arg-type]
         self.gangs = inner
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         """A multi-node job's instances, all or none, fenced and journaled as any launch is."""
         return self._launch(
             "launch_gang",
             pool,
             count,
             request_id,
-            lambda: self.gangs.launch_gang(pool, count, request_id, fleet_id),
+            lambda: (
+                self.gangs.launch_gang(pool, count, request_id, fleet_id)
+                if team is None
+                else self.gangs.launch_gang(pool, count, request_id, fleet_id, team=team)
+            ),
         )
 
 

@@ -108,7 +108,9 @@ class SimCloud:
     def list_instances(self, provider: str) -> list[Instance]:
         return [i.listed for i in self.instances.values() if i.pool.provider == provider]
 
-    def launch(self, pool: Pool, count: int, request_id: str, now: float) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, now: float, team: str | None = None
+    ) -> LaunchResult:
         existing = self.by_request.get(request_id)
         if existing is not None:
             return LaunchResult(
@@ -120,7 +122,7 @@ class SimCloud:
         granted = count if room >= count else max(0, int(room))
         launched: list[Instance] = []
         for _ in range(granted):
-            launched.append(self._start_instance(pool, request_id, now).listed)
+            launched.append(self._start_instance(pool, request_id, now, team).listed)
         self.by_request[request_id] = [i.id for i in launched]
         shortfall = None
         if granted < count:
@@ -132,7 +134,9 @@ class SimCloud:
             )
         return LaunchResult(tuple(launched), shortfall)
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, now: float) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, now: float, team: str | None = None
+    ) -> LaunchResult:
         """All ``count`` instances or none: a gang the pool cannot hold whole is not started
         (the simulated placement group has room for the whole gang or for nothing)."""
         existing = self.by_request.get(request_id)
@@ -150,7 +154,7 @@ class SimCloud:
                 pool=pool.name,
                 code="InsufficientInstanceCapacity",
             )
-        launched = [self._start_instance(pool, request_id, now).listed for _ in range(count)]
+        launched = [self._start_instance(pool, request_id, now, team).listed for _ in range(count)]
         self.by_request[request_id] = [i.id for i in launched]
         return LaunchResult(tuple(launched))
 
@@ -262,7 +266,10 @@ class SimCloud:
             1 for i in self.instances.values() if i.pool.name == pool_name and i.noticed_at is None
         )
 
-    def _start_instance(self, pool: Pool, request_id: str, now: float) -> SimInstance:
+    def _start_instance(
+        self, pool: Pool, request_id: str, now: float, team: str | None = None
+    ) -> SimInstance:
+        """A new instance, listed with the team it was bought for, as a cloud's tag keeps it."""
         self._counter += 1
         instance_id = f"sim-{self._counter:07d}"
         listed = Instance.model_construct(
@@ -272,6 +279,7 @@ class SimCloud:
             launched_at=now,
             request_id=request_id,
             gpus=pool.gpus_per_instance,
+            team=team or None,
         )
         instance = SimInstance(
             instance_id,

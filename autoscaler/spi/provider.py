@@ -17,6 +17,9 @@ FLEET_TAG = "gpu-autoscaler/fleet"
 POOL_TAG = "gpu-autoscaler/pool"
 REQUEST_TAG = "gpu-autoscaler/request"
 LAUNCHED_AT_TAG = "gpu-autoscaler/launched-at"
+# Whom an instance was bought for (``LaunchRequest.team``), written at launch only when the
+# launch names a team, so that a restarted controller's listing still says it.
+TEAM_TAG = "gpu-autoscaler/team"
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,19 @@ class ProviderSnapshot:
 @runtime_checkable
 class Provider(Protocol):
     """A cloud as the core sees it. Every instance it launches carries the fleet, pool and request
-    tags, and ``list_instances``/``terminate`` only ever see and touch instances so tagged."""
+    tags, and ``list_instances``/``terminate`` only ever see and touch instances so tagged.
+
+    A launch that names a ``team`` also tags its instances with it (``TEAM_TAG``), and the
+    listing gives it back on each ``Instance.team``: the clouds remember whom an instance was
+    bought for across a controller's restart."""
 
     name: str
 
     def list_instances(self, fleet_id: str) -> list[Instance]: ...
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult: ...
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult: ...
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None: ...
 
@@ -74,7 +83,7 @@ class GangLauncher(Protocol):
     """
 
     def launch_gang(
-        self, pool: Pool, count: int, request_id: str, fleet_id: str
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
     ) -> LaunchResult: ...
 
 

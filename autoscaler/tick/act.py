@@ -21,7 +21,7 @@ from functools import partial
 from autoscaler.fleet.capacity import CapacityCache
 from autoscaler.fleet.instances import Launched, Moved
 from autoscaler.fleet.memory import FleetUpdate, PoolFailed, PoolInterrupted, ScaledDown, ScaledUp
-from autoscaler.model import FleetView, InstanceState, Placement, PoolView
+from autoscaler.model import FleetView, InstanceState, LaunchRequest, Placement, PoolView
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import (
     AuthError,
@@ -457,7 +457,9 @@ class Actuator:
             request_id = f"{self.incarnation}-{view.tick}-{intent.index}-{step.position}"
             provider = self.providers[pool.provider]
             launched = self._call_launch(
-                partial(provider.launch, pool, count, request_id, self.config.fleet_id),
+                _for_team(
+                    partial(provider.launch, pool, count, request_id, self.config.fleet_id), launch
+                ),
                 pool_view,
                 count,
                 launch.reason,
@@ -527,7 +529,10 @@ class Actuator:
                     )
                     continue
                 launched = self._call_launch(
-                    partial(provider.launch_gang, pool, size, request_id, self.config.fleet_id),
+                    _for_team(
+                        partial(provider.launch_gang, pool, size, request_id, self.config.fleet_id),
+                        launch,
+                    ),
                     pool_view,
                     size,
                     launch.reason,
@@ -640,6 +645,14 @@ class _NoRoom:
 
     def refund(self, pool_view: PoolView, count: int) -> None:
         return None
+
+
+def _for_team(
+    call: Callable[..., LaunchResult], launch: LaunchRequest
+) -> Callable[[], LaunchResult]:
+    """The launch call, naming the launch's team when it has one so the provider tags its
+    instances with it (a provider written before teams is never handed one it cannot take)."""
+    return call if launch.team is None else partial(call, team=launch.team)
 
 
 def _outcome(error: ProviderError | None) -> str:

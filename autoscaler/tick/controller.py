@@ -26,6 +26,7 @@ from autoscaler.fleet.capacity import CapacityCache, InterruptionHistory
 from autoscaler.fleet.checkpoints import CheckpointLedger
 from autoscaler.fleet.instances import InstanceTable, is_billed
 from autoscaler.fleet.memory import FleetMemory, FleetUpdate
+from autoscaler.fleet.team_spend import month_start
 from autoscaler.fleet.team_usage import TickHolders, tick_holders
 from autoscaler.model import DemandGroup, FleetView, InterruptionNotice, Plan
 from autoscaler.model.clock import Clock
@@ -330,8 +331,15 @@ class Controller:
         if teams is None:
             return None
         owners = self.fleet.table.teams()
-        self.fleet.team_spend.accrue(view, owners)
-        return TeamLedger(teams, owners, self.fleet.team_spend.month(view.now))
+        spend = self.fleet.team_spend
+        if self.journal is not None and spend.wants_journal(view.now):
+            try:  # after a restart: the month so far, by the instances' team tags
+                spend.recover(self.journal.spend(since=month_start(view.now)[1]), view.now)
+            except JournalError as exc:
+                log.error("the teams' month spend could not be read from the journal: %s", exc)
+                spend.recover(None, view.now)
+        spend.accrue(view, owners)
+        return TeamLedger(teams, owners, spend.month(view.now))
 
     def _month_spend(self, now: float, billed: list[Billed], errors: list[str]) -> float | None:
         """This month's spend up to now: what the journal holds plus what the instances have run

@@ -461,7 +461,7 @@ class Observer:
             seen = usage.get(record.id)
             since = underused.get(record.id)
             risk = at_risk.get(record.id)
-            key = (record.state, seen, since, risk)
+            key = (record.state, record.team, seen, since, risk)
             cached = self._node_cache.get(record.id)
             if cached is not None and cached[0] == key:
                 node = cached[1]
@@ -483,6 +483,7 @@ class Observer:
                     job_gpus=risk.job_gpus if risk is not None else None,
                     multi_node_jobs=risk.multi_node if risk is not None else None,
                     gang_jobs=risk.gangs if risk is not None else None,
+                    team=record.team,
                 )
             cache[record.id] = (key, node)
             nodes.append(node)

@@ -50,7 +50,9 @@ class AwsGangs:
         self.instances = instances
         self._groups = KnownGroups()
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         instances = self.instances
         alive = self._alive(pool, request_id)
         if len(alive) == count:
@@ -65,7 +67,7 @@ class AwsGangs:
             )
         group = self.group(pool)
         now = instances.clock.now()
-        tags = instances.tags_for(pool, request_id, now)
+        tags = instances.tags_for(pool, request_id, now, team)
         try:
             if len(shapes(pool, instances.options[pool.name])) == 1:
                 ids, shortfall = instances.run_instances(
@@ -90,7 +92,7 @@ class AwsGangs:
                 pool=pool.name,
                 code="UnfulfillableCapacity",
             )
-        return LaunchResult(tuple(instances.launched(pool, i, request_id, now) for i in ids))
+        return LaunchResult(tuple(instances.launched(pool, i, request_id, now, team) for i in ids))
 
     # -- the placement group -----------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from autoscaler.spi.provider import (
     LAUNCHED_AT_TAG,
     POOL_TAG,
     REQUEST_TAG,
+    TEAM_TAG,
     LaunchResult,
 )
 from providers.aws.errors import fleet_shortfall, typed
@@ -43,7 +44,7 @@ STATES = {
     "stopped": InstanceState.TERMINATING,
     "terminated": InstanceState.TERMINATED,
 }
-LAUNCH_TAGS = (POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG)  # written once, at launch
+LAUNCH_TAGS = (POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG, TEAM_TAG)  # written once, at launch
 PAGE_SIZE = 1000  # the most DescribeTags and DescribeInstanceStatus return in one page
 IDS_PER_FILTER = 200  # instance ids per filter in one call
 # How long an instance whose tags are visible may stay invisible to the describe calls (they are
@@ -139,6 +140,7 @@ class AwsInstances:
                         launched_at=launched,
                         request_id=tags.get(REQUEST_TAG, ""),
                         gpus=pool.gpus_per_instance,
+                        team=tags.get(TEAM_TAG) or None,
                     ),
                     region,
                 )
@@ -257,6 +259,7 @@ class AwsInstances:
                             launched_at=launched,
                             request_id=tags.get(REQUEST_TAG, ""),
                             gpus=pool.gpus_per_instance,
+                            team=tags.get(TEAM_TAG) or None,
                         ),
                         region,
                     )
@@ -296,6 +299,7 @@ class AwsInstances:
                 launched_at=launched,
                 request_id=tags.get(REQUEST_TAG, ""),
                 gpus=gpus,
+                team=tags.get(TEAM_TAG) or None,
             ),
             region,
         )
@@ -308,7 +312,9 @@ class AwsInstances:
 
     # -- launching ---------------------------------------------------------------------------
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         existing = [
             self.instance(raw, pool.region)
             for raw in self.describe(
@@ -322,7 +328,7 @@ class AwsInstances:
         if existing:
             return LaunchResult(tuple(existing), already_existed=True)
         now = self.clock.now()
-        tags = self.tags_for(pool, request_id, now)
+        tags = self.tags_for(pool, request_id, now, team)
         try:
             if len(shapes(pool, self.options[pool.name])) == 1:
                 ids, shortfall = self.run_instances(pool, count, request_id, tags)
@@ -330,7 +336,7 @@ class AwsInstances:
                 ids, shortfall = self.create_fleet(pool, count, request_id, tags)
         except Exception as exc:
             raise typed(exc, pool.name) from None
-        instances = [self.launched(pool, i, request_id, now) for i in ids]
+        instances = [self.launched(pool, i, request_id, now, team) for i in ids]
         if shortfall is None and len(instances) < count:
             shortfall = CapacityError(
                 f"{pool.name}: {len(instances)} of {count} launched",
@@ -339,16 +345,25 @@ class AwsInstances:
             )
         return LaunchResult(tuple(instances), shortfall)
 
-    def tags_for(self, pool: Pool, request_id: str, now: float) -> list[dict[str, str]]:
-        """The four tags every launched instance carries (TagSpecifications)."""
-        return [
+    def tags_for(
+        self, pool: Pool, request_id: str, now: float, team: str | None = None
+    ) -> list[dict[str, str]]:
+        """The four tags every launched instance carries (TagSpecifications), and the team tag
+        when the launch is bought for a team (its value as the team is named: EC2 takes any
+        value up to 256 characters, and team names are at most 253)."""
+        tags = [
             {"Key": FLEET_TAG, "Value": self.fleet_id},
             {"Key": POOL_TAG, "Value": pool.name},
             {"Key": REQUEST_TAG, "Value": request_id},
             {"Key": LAUNCHED_AT_TAG, "Value": f"{now:.3f}"},
         ]
+        if team:
+            tags.append({"Key": TEAM_TAG, "Value": team})
+        return tags
 
-    def launched(self, pool: Pool, instance_id: str, request_id: str, now: float) -> Instance:
+    def launched(
+        self, pool: Pool, instance_id: str, request_id: str, now: float, team: str | None = None
+    ) -> Instance:
         """An instance a launch just made, as pending, remembered for terminate and notices."""
         self._region_of[instance_id] = pool.region
         self._pool_of[instance_id] = pool.name
@@ -359,6 +374,7 @@ class AwsInstances:
             launched_at=now,
             request_id=request_id,
             gpus=pool.gpus_per_instance,
+            team=team or None,
         )
 
     def run_instances(

@@ -57,7 +57,9 @@ class AzureGangs:
         self.instances = instances
         self._groups = KnownGroups()  # pool -> the id of a group known to exist
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         vms = self.instances
         ours = vms.ours()
         members = [
@@ -82,10 +84,10 @@ class AzureGangs:
             )
         group = self.group(pool)
         now = vms.clock.now()
-        tags = vms.tags(pool, request_id, now)
+        tags = vms.tags(pool, request_id, now, team)
         names = free_names(vms.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         bodies = {name: self._body(pool, name, tags, group) for name in names}
-        created = vms.create_vms(pool, names, bodies.__getitem__, request_id, now)
+        created = vms.create_vms(pool, names, bodies.__getitem__, request_id, now, team)
         failure = telling(created.failures)
         if failure is not None:
             self._roll_back(pool, names)

@@ -37,6 +37,7 @@ from autoscaler.spi.provider import (
     LAUNCHED_AT_TAG,
     POOL_TAG,
     REQUEST_TAG,
+    TEAM_TAG,
     LaunchResult,
 )
 from providers.azure.errors import telling, typed
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 # Azure tag names may not contain '/', so the core's tag names are stored with '.' instead.
 TAG_KEYS = {
-    tag: tag.replace("/", ".") for tag in (FLEET_TAG, POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG)
+    tag: tag.replace("/", ".")
+    for tag in (FLEET_TAG, POOL_TAG, REQUEST_TAG, LAUNCHED_AT_TAG, TEAM_TAG)
 }
 CORE_TAGS = {key.lower(): tag for tag, key in TAG_KEYS.items()}
 STATES = {
@@ -249,11 +251,14 @@ class AzureInstances:
             launched_at=launched,
             request_id=tags.get(REQUEST_TAG, ""),
             gpus=gpus,
+            team=tags.get(TEAM_TAG) or None,
         )
 
     # -- launching ---------------------------------------------------------------------------
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         """Create ``count`` VMs, or return the request's VMs if an earlier attempt made any.
 
         The creates are waited on together for at most ``operation_timeout_s``. A create still
@@ -271,10 +276,10 @@ class AzureInstances:
         if existing:
             return LaunchResult(tuple(existing), already_existed=True)
         now = self.clock.now()
-        tags = self.tags(pool, request_id, now)
+        tags = self.tags(pool, request_id, now, team)
         names = free_names(self.fleet_id, request_id, count, {str(vm.name) for vm, _ in ours})
         created = self.create_vms(
-            pool, names, lambda name: self.body(pool, name, tags), request_id, now
+            pool, names, lambda name: self.body(pool, name, tags), request_id, now, team
         )
         for name in created.failed:
             self.delete_quietly(name)
@@ -283,16 +288,20 @@ class AzureInstances:
             raise shortfall
         return LaunchResult(tuple(created.instances), shortfall)
 
-    def tags(self, pool: Pool, request_id: str, now: float) -> dict[str, str]:
-        """The four tags every launched VM carries."""
-        return azure_tags(
-            {
-                FLEET_TAG: self.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+    def tags(
+        self, pool: Pool, request_id: str, now: float, team: str | None = None
+    ) -> dict[str, str]:
+        """The four tags every launched VM carries, and the team's when it is bought for one
+        (as the team is named: Azure tag values take up to 256 characters, team names 253)."""
+        tags = {
+            FLEET_TAG: self.fleet_id,
+            POOL_TAG: pool.name,
+            REQUEST_TAG: request_id,
+            LAUNCHED_AT_TAG: f"{now:.3f}",
+        }
+        if team:
+            tags[TEAM_TAG] = team
+        return azure_tags(tags)
 
     def create_vms(
         self,
@@ -301,6 +310,7 @@ class AzureInstances:
         body: Callable[[str], dict[str, Any]],
         request_id: str,
         now: float,
+        team: str | None = None,
     ) -> Created:
         """Start every VM's create at once and wait on them together for at most
         ``operation_timeout_s``. A create still running then, or whose status could not be
@@ -332,6 +342,7 @@ class AzureInstances:
                     launched_at=now,
                     request_id=request_id,
                     gpus=pool.gpus_per_instance,
+                    team=team or None,
                 )
             )
         return created

@@ -62,7 +62,9 @@ class GcpGangs:
         self.instances = instances
         self._policies = KnownGroups()  # pool -> a placement policy known to exist
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         ours = self.instances
         now = ours.clock.now()
         listed = [
@@ -86,7 +88,7 @@ class GcpGangs:
                 code=INCOMPLETE,
             )
         policy = self.policy(pool)
-        labels = ours.labels(pool, request_id, now)
+        labels = ours.labels(pool, request_id, now, team)
         deadline = time.monotonic() + ours.settings.operation_timeout_s
         refused: ProviderError | None = None
         for position, zone in enumerate(ours.zones[pool.name]):
@@ -94,10 +96,10 @@ class GcpGangs:
                 instance_name(ours.fleet_id, request_id, position * count + index)
                 for index in range(count)
             ]
-            error = self._bulk_insert(pool, zone, names, labels, policy, request_id, deadline)
+            error = self._bulk_insert(pool, zone, names, labels, policy, request_id, deadline, team)
             if error is None:
                 placed = [(name, zone) for name in names]
-                return LaunchResult(tuple(ours.launched(pool, placed, request_id, now)))
+                return LaunchResult(tuple(ours.launched(pool, placed, request_id, now, team)))
             if not isinstance(error, CapacityError):
                 raise error
             refused = error
@@ -112,6 +114,7 @@ class GcpGangs:
         policy: str | None,
         request_id: str,
         deadline: float,
+        team: str | None = None,
     ) -> ProviderError | None:
         """One all-or-nothing bulk insert in one zone: None when the gang is made (or being
         made), else the typed error, with whatever the failed insert left in the zone deleted.
@@ -122,7 +125,7 @@ class GcpGangs:
             "count": len(names),
             "min_count": len(names),
             "per_instance_properties": {name: {} for name in names},
-            "instance_properties": self._properties(pool, zone, labels, policy),
+            "instance_properties": self._properties(pool, zone, labels, policy, team),
         }
         request = {
             "project": ours.settings.project,
@@ -149,11 +152,16 @@ class GcpGangs:
         return failed
 
     def _properties(
-        self, pool: Pool, zone: str, labels: dict[str, str], policy: str | None
+        self,
+        pool: Pool,
+        zone: str,
+        labels: dict[str, str],
+        policy: str | None,
+        team: str | None = None,
     ) -> dict[str, Any]:
         """The VMs' properties: those of an ordinary launch's VM, with the short names a bulk
         insert takes (machine and accelerator types, resource policies)."""
-        vm = self.instances.resource(pool, "gang", zone, labels)
+        vm = self.instances.resource(pool, "gang", zone, labels, team)
         properties: dict[str, Any] = {
             "machine_type": pool.instance_type,
             "labels": vm["labels"],

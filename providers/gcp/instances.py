@@ -38,6 +38,7 @@ from autoscaler.spi.provider import (
     LAUNCHED_AT_TAG,
     POOL_TAG,
     REQUEST_TAG,
+    TEAM_TAG,
     LaunchResult,
 )
 from providers.gcp.errors import operation_error, typed
@@ -54,7 +55,11 @@ LABEL_KEYS = {
     POOL_TAG: "gpu-autoscaler-pool",
     REQUEST_TAG: "gpu-autoscaler-request",
     LAUNCHED_AT_TAG: "gpu-autoscaler-launched-at",
+    TEAM_TAG: "gpu-autoscaler-team",
 }
+# A team whose label value had to be hashed (too long once encoded) is also written whole in
+# this metadata item, so that a listing can still give its name back.
+TEAM_METADATA_KEY = "gpu-autoscaler-team"
 TAG_KEYS = {label: tag for tag, label in LABEL_KEYS.items()}
 LABEL_MAX = 63
 
@@ -118,6 +123,24 @@ def tag_value(label: str) -> str:
 
 def labels_for(tags: Mapping[str, str]) -> dict[str, str]:
     return {LABEL_KEYS.get(key, key): label_value(value) for key, value in tags.items()}
+
+
+def team_metadata(team: str | None) -> list[dict[str, str]]:
+    """The metadata item that names a team whose label cannot (none when the label can)."""
+    if team and "__" in label_value(team):
+        return [{"key": TEAM_METADATA_KEY, "value": team}]
+    return []
+
+
+def team_of(labels: Mapping[str, str], metadata: Mapping[str, str]) -> str | None:
+    """Whom a VM was bought for: its team label decoded, or, where that label is a hash, the
+    team metadata item (None when neither says)."""
+    label = labels.get(LABEL_KEYS[TEAM_TAG])
+    if not label:
+        return None
+    if "__" in label:
+        return metadata.get(TEAM_METADATA_KEY) or None
+    return tag_value(label)
 
 
 def tags_from_labels(labels: Mapping[str, str]) -> dict[str, str]:
@@ -333,11 +356,14 @@ class GcpInstances:
             launched_at=launched if launched is not None else now,
             request_id=tags.get(REQUEST_TAG, ""),
             gpus=pool.gpus_per_instance if pool else _gpus(raw),
+            team=team_of(labels, _metadata(raw)),
         )
 
     # -- launching ---------------------------------------------------------------------------
 
-    def launch(self, pool: Pool, count: int, request_id: str) -> LaunchResult:
+    def launch(
+        self, pool: Pool, count: int, request_id: str, team: str | None = None
+    ) -> LaunchResult:
         now = self.clock.now()
         existing = [
             self.instance(raw, zone, now)
@@ -351,16 +377,16 @@ class GcpInstances:
             i for i in range(count) if instance_name(self.fleet_id, request_id, i) not in have
         ]
         wanted = wanted[: count - len(existing)]
-        labels = self.labels(pool, request_id, now)
+        labels = self.labels(pool, request_id, now, team)
         progress = _Launch()
         deadline = time.monotonic() + self.settings.operation_timeout_s
         tried: dict[int, set[str]] = {index: set() for index in wanted}
         while wanted and progress.stopped is None:
-            wanted = self._round(pool, request_id, labels, wanted, tried, progress, deadline)
+            wanted = self._round(pool, request_id, labels, wanted, tried, progress, deadline, team)
         for name, zone in progress.unsure:
             if self._exists(zone, name) is not False:
                 progress.placed.append((name, zone))
-        launched = self.launched(pool, progress.placed, request_id, now)
+        launched = self.launched(pool, progress.placed, request_id, now, team)
         instances = (*existing, *launched)
         shortfall: ProviderError | None = None
         if len(instances) < count:
@@ -381,6 +407,7 @@ class GcpInstances:
         tried: dict[int, set[str]],
         progress: _Launch,
         deadline: float,
+        team: str | None = None,
     ) -> list[int]:
         """Insert the wanted VMs, each in a zone it has not tried and that is not full, then
         wait for the operations; return the VMs to try again in another zone."""
@@ -402,7 +429,7 @@ class GcpInstances:
                 "project": self.settings.project,
                 "zone": zone,
                 "request_id": request_uuid(self.fleet_id, request_id, str(index), zone),
-                "instance_resource": self.resource(pool, name, zone, labels),
+                "instance_resource": self.resource(pool, name, zone, labels, team),
             }
             try:
                 operation = self.sdk.call(instances.insert_unary, request)
@@ -438,19 +465,28 @@ class GcpInstances:
             )
         ]
 
-    def labels(self, pool: Pool, request_id: str, now: float) -> dict[str, str]:
-        """The four labels every launched VM carries."""
-        return labels_for(
-            {
-                FLEET_TAG: self.fleet_id,
-                POOL_TAG: pool.name,
-                REQUEST_TAG: request_id,
-                LAUNCHED_AT_TAG: f"{now:.3f}",
-            }
-        )
+    def labels(
+        self, pool: Pool, request_id: str, now: float, team: str | None = None
+    ) -> dict[str, str]:
+        """The four labels every launched VM carries, and its team's when it is bought for one
+        (``label_value``'s reversible encoding; see ``team_metadata`` for a long name)."""
+        tags = {
+            FLEET_TAG: self.fleet_id,
+            POOL_TAG: pool.name,
+            REQUEST_TAG: request_id,
+            LAUNCHED_AT_TAG: f"{now:.3f}",
+        }
+        if team:
+            tags[TEAM_TAG] = team
+        return labels_for(tags)
 
     def launched(
-        self, pool: Pool, placed: Sequence[tuple[str, str]], request_id: str, now: float
+        self,
+        pool: Pool,
+        placed: Sequence[tuple[str, str]],
+        request_id: str,
+        now: float,
+        team: str | None = None,
     ) -> list[Instance]:
         """VMs a launch just made (name, zone), as pending, remembered with their zone for
         notices and terminate."""
@@ -464,6 +500,7 @@ class GcpInstances:
                 launched_at=now,
                 request_id=request_id,
                 gpus=pool.gpus_per_instance,
+                team=team or None,
             )
             for name, _ in placed
         ]
@@ -489,7 +526,9 @@ class GcpInstances:
         request = {"project": self.settings.project, "zone": zone, "operation": operation}
         return wait_done(operations.wait, request, deadline, self.settings.request_timeout_s)
 
-    def resource(self, pool: Pool, name: str, zone: str, labels: dict[str, str]) -> dict[str, Any]:
+    def resource(
+        self, pool: Pool, name: str, zone: str, labels: dict[str, str], team: str | None = None
+    ) -> dict[str, Any]:
         """The VM, as the fields of Compute Engine's ``Instance`` (the SDK builds the message)."""
         options = self.options[pool.name]
         scheduling: dict[str, Any]
@@ -529,8 +568,9 @@ class GcpInstances:
             ],
             "network_interfaces": [interface],
         }
-        if self.metadata.get(pool.name):
-            resource["metadata"] = {"items": self.metadata[pool.name]}
+        items = [*self.metadata.get(pool.name, []), *team_metadata(team)]
+        if items:
+            resource["metadata"] = {"items": items}
         if options.service_account is not None:
             account = options.service_account
             resource["service_accounts"] = [
@@ -587,3 +627,9 @@ def _gpus(raw: Any) -> int:
         return attached
     found = re.search(r"-(\d+)g$", last(str(raw.machine_type)))
     return int(found.group(1)) if found and int(found.group(1)) > 0 else 1
+
+
+def _metadata(raw: Any) -> dict[str, str]:
+    """A listed VM's metadata items by key (none when it has none)."""
+    metadata = getattr(raw, "metadata", None)
+    return {str(item.key): str(item.value) for item in getattr(metadata, "items", None) or ()}

@@ -92,12 +92,16 @@ class GcpProvider:
     def list_instances(self, fleet_id: str) -> list[Instance]:
         return self.instances.list_instances()
 
-    def launch(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
-        return self.instances.launch(pool, count, request_id)
+    def launch(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
+        return self.instances.launch(pool, count, request_id, team)
 
-    def launch_gang(self, pool: Pool, count: int, request_id: str, fleet_id: str) -> LaunchResult:
+    def launch_gang(
+        self, pool: Pool, count: int, request_id: str, fleet_id: str, *, team: str | None = None
+    ) -> LaunchResult:
         """All ``count`` VMs under the pool's compact placement policy, or none (``GcpGangs``)."""
-        return self.gangs.launch(pool, count, request_id)
+        return self.gangs.launch(pool, count, request_id, team)
 
     def terminate(self, instance_ids: Sequence[str], request_id: str) -> None:
         """Delete only VMs that carry our fleet label, whatever names we are given."""
