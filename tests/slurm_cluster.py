@@ -52,12 +52,14 @@ class Layout:
     stands for the on-prem node list; keep an ``onprem`` partition of them, which ``reset`` waits
     on), ``reserve`` nodes (name -> features), ``scheduler`` (``SchedulerParameters``) and
     ``cred_expire`` (the job credential lifetime, 120 s by default, which is also how long a
-    requeued job must stay off the node it left)."""
+    requeued job must stay off the node it left), and ``shards_per_gpu`` (Slurm's GPU sharding,
+    ``gres/shard``: each on-prem GPU shared by up to that many jobs; 0, the default: none)."""
 
     partitions: str = DEFAULT_PARTITIONS
     reserve: tuple[tuple[str, str], ...] = ()
     scheduler: str | None = None
     cred_expire: int | None = None
+    shards_per_gpu: int = 0
 
 
 def free_port() -> int:
@@ -159,9 +161,10 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -
 
 def _slurm_conf(root: Path, munge_socket: Path, gpu_dir: Path, layout: Layout = Layout()) -> str:
     host = socket.gethostname().split(".")[0]
+    shards = f",shard:{layout.shards_per_gpu * GPUS_PER_NODE}" if layout.shards_per_gpu else ""
     node_lines = "\n".join(
         f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={host} Port={free_port()} CPUs=8 "
-        f"RealMemory=4000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE} State=UNKNOWN"
+        f"RealMemory=4000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE}{shards} State=UNKNOWN"
         for name in ONPREM_NODES
     )
     reserve_lines = "".join(
@@ -197,7 +200,7 @@ SchedulerType=sched/backfill
 PriorityType=priority/multifactor
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes=gpu{",shard" if layout.shards_per_gpu else ""}
 ReturnToService=2
 SlurmdParameters=config_overrides
 JobCompType=jobcomp/none
@@ -207,6 +210,22 @@ MinJobAge=30
 MaxNodeCount={len(ONPREM_NODES) + len(layout.reserve) + 4}
 {scheduler}{node_lines}
 {reserve_lines}{layout.partitions.replace("{onprem}", onprem)}"""
+
+
+def _gres_conf(gpu_dir: Path, layout: Layout) -> str:
+    """Four fake A100s (character devices: a GPU without ``File=`` is dropped silently); with
+    sharding, each GPU's shards on a line of their own naming its device, which is how Slurm
+    knows which GPU a shard is of (``Count`` is then the shards of that one GPU)."""
+    lines = [
+        "AutoDetect=off",
+        f"Name=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]",
+    ]
+    if layout.shards_per_gpu:
+        lines += [
+            f"Name=shard Count={layout.shards_per_gpu} File={gpu_dir}/gpu{index}"
+            for index in range(GPUS_PER_NODE)
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _alive(pid: int) -> bool:
@@ -287,9 +306,7 @@ def start_slurm_cluster(root: Path, layout: Layout = Layout()) -> SlurmCluster:
     try:
         munge_socket = _start_munge(munge_dir)
         cluster.conf.write_text(_slurm_conf(root, munge_socket, gpu_dir, layout))
-        (root / "gres.conf").write_text(
-            f"AutoDetect=off\nName=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]\n"
-        )
+        (root / "gres.conf").write_text(_gres_conf(gpu_dir, layout))
         subprocess.run(
             ["slurmctld", "-i"], env=cluster.env, check=True, capture_output=True, timeout=bound(60)
         )
