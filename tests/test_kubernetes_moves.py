@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -19,10 +20,20 @@ from k8s_api_emulator import K8sApi
 from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule
 from k8s_source_support import make_source
 
+from autoscaler.app.assembly import Mode, Parts, build_controller
+from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model import Placement
+from autoscaler.model.clock import ManualClock
+from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import SourceError
+from autoscaler.model.records import TickReport
 from autoscaler.sources.kubernetes import KubernetesSource
 from autoscaler.sources.kubernetes.moves import HOLD_TAINT_KEY, HOLDS_ANNOTATION
+from autoscaler.spi.policy import load_policy
+from autoscaler.tick.controller import Controller
+from autoscaler.tick.observe import Signals
+from autoscaler.tick.retry import RetryPolicy
+from providers.sim import LiveSimProvider, SimProvider
 
 GPU_NODE = "gpu-a"
 MAINTENANCE = {"key": "example.com/maintenance", "value": "soon", "effect": "PreferNoSchedule"}
@@ -335,3 +346,141 @@ def test_the_emulator_refuses_to_take_a_toleration_away(
     )
     with pytest.raises(SourceError, match=r"HTTP 422.*`spec.tolerations`"):
         source.api.change_pod("team-a", "p", {"spec": {"tolerations": []}})
+
+
+# -- end to end: the real controller reclaims a team's guarantee ----------------------------
+
+
+FLEET = "k8s-moves"
+TICK_S = 60.0
+RECLAIM_WITHIN_S = 600.0
+CHECKPOINTS = {
+    "gpu-autoscaler.io/checkpoint_interval": "600",
+    "gpu-autoscaler.io/checkpoint_duration": "30",
+    "gpu-autoscaler.io/checkpoint_signal": "USR1",
+}
+
+
+@dataclass
+class World:
+    """The controller, the simulated cloud and the cluster (one on-prem 4-GPU node), moved a
+    tick at a time on a manual clock."""
+
+    api: K8sApi
+    source: KubernetesSource
+    provider: LiveSimProvider
+    controller: Controller
+    clock: ManualClock
+    jobs: JobController
+    reports: list[TickReport] = field(default_factory=list)
+
+    def tick(self) -> TickReport:
+        self.clock.advance(TICK_S)
+        schedule(self.api)
+        report = self.controller.tick()
+        self.reports.append(report)
+        return report
+
+
+@pytest.fixture
+def world(k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    clock = ManualClock(1_700_000_000.0)
+    common = {
+        "provider": "sim",
+        "region": "us-east-1",
+        "zone": "us-east-1a",
+        "instance_type": "g5.12xlarge",
+        "gpus_per_instance": 4,
+        "gpu_model": "A10G",
+        "boot_seconds": 60,
+    }
+    config = ControllerConfig.model_validate(
+        {
+            "fleet_id": FLEET,
+            "tick_seconds": TICK_S,
+            "policy": {"name": "karpenter"},
+            "pools": [{"name": "a10g-od", "market": "on-demand", **common}],
+            "teams": {
+                "teams": {"alpha": {"guaranteed_gpus": 4}, "beta": {"guaranteed_gpus": 0}},
+                "onprem_gpus": 4,
+                "reclaim_within_s": RECLAIM_WITHIN_S,
+            },
+        }
+    )
+    provider = SimProvider.from_config({"boot_seconds": 60}, list(config.pools), FLEET, clock)
+    source = make_source(k8s_api, monkeypatch)
+    controller = build_controller(
+        config,
+        Mode.LIVE,
+        load_policy(config.policy.name, config.policy.params),
+        clock,
+        Parts(
+            {"sim": provider},
+            Signals(queues=(source,), nodes=source, tracker=IdleTracker()),
+            source,
+        ),
+        incarnation=FLEET,
+        retry=RetryPolicy(attempts=2, sleep=lambda _s: None),
+    ).controller
+    k8s_api.put("nodes", node(GPU_NODE, 4, labels={"nvidia.com/gpu.product": "A10G"}))
+    made = World(k8s_api, source, provider, controller, clock, JobController(k8s_api))
+    yield made
+    controller.close()
+    provider.close()
+    source.close()
+
+
+def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) -> None:
+    api = world.api
+    # priority: the scheduler tries the moved pod's replacement before the owner, so only the
+    # hold keeps it off the node it left
+    borrowed = pod("t", "beta", gpus=4, annotations=CHECKPOINTS, priority=1000)
+    template = {
+        "metadata": {"annotations": borrowed["metadata"]["annotations"]},
+        "spec": borrowed["spec"],
+    }
+    world.jobs.add_job("borrow", template, namespace="beta")
+    world.tick()
+    (first,) = api.items("pods")
+    moved = f"beta/{first['metadata']['name']}"
+    assert bound_to(api, moved) == GPU_NODE, "beta borrows alpha's idle guarantee"
+    world.tick()
+
+    api.put("pods", pod("owner", "alpha", gpus=4))
+    arrived = world.clock.now()
+    asked: list[str] = []
+    for _ in range(int(RECLAIM_WITHIN_S / TICK_S) + 10):  # the bound, and then some
+        world.tick()
+        found = pod_at(api, moved)
+        if found is not None:
+            value = (
+                found["metadata"]
+                .get("annotations", {})
+                .get("gpu-autoscaler.io/checkpoint-requested")
+            )
+            if value:
+                asked.append(value)
+        if bound_to(api, "alpha/owner") is not None:
+            break
+    took = world.clock.now() - arrived
+    assert bound_to(api, "alpha/owner") == GPU_NODE, world.reports[-1]
+    assert took <= RECLAIM_WITHIN_S, f"reclaimed after {took:.0f} s"
+    assert asked, "the borrowing pod was asked to checkpoint first"
+    assert pod_at(api, moved) is None, "and then moved"
+    (again,) = world.jobs.recreated
+    assert bound_to(api, again) != GPU_NODE
+    evacuated = [a for r in world.reports for a in r.actions if a.kind == "evacuate"]
+    assert [(a.job_id, a.outcome) for a in evacuated] == [
+        (moved, "checkpoint-asked"),
+        (moved, "moved-off"),
+    ], evacuated
+    assert "alpha/owner" in evacuated[-1].detail, evacuated[-1]
+    # the owner's room was made on-prem, not bought: nothing was launched before it was bound
+    # except, after the move, for the moved pod itself (one 4-GPU node)
+    launched = [a for r in world.reports for a in r.actions if a.kind == "launch"]
+    assert sum(a.done for a in launched) <= 1, launched
+
+    # the hold ends once the owner is bound; the moved pod may then have the node back later
+    world.tick()
+    assert hold_taints(api) == [] and holds_annotation(api) is None
+    assert world.source.held_off() == []
