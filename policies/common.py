@@ -38,7 +38,11 @@ class Need:
     each of that many distinct nodes at once. ``gpu_models`` (any when empty) and
     ``min_gpu_memory_gib`` say which GPUs it accepts. ``team`` is whose jobs they are: where
     the config names teams, jobs of different teams are never one need, so every launch is
-    bought for one team and the guard can hold that team's limits over it.
+    bought for one team and the guard can hold that team's limits over it. ``class_order`` is
+    the (aged) order of the jobs' priority class where the policy buys by class
+    (``needs_from(by_class=True)``): needs of a higher order come first and are bought in
+    launches of their own, ahead of lower ones, so that limits that bind trim the lower
+    classes; 0 everywhere otherwise.
     """
 
     gpus_per_job: int
@@ -49,6 +53,7 @@ class Need:
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float | None = None
     team: str | None = None
+    class_order: int = 0
 
     @property
     def gpus_per_node(self) -> int:
@@ -219,10 +224,15 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
     return result
 
 
-def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need]:
+def needs_from(
+    groups: Sequence[DemandGroup], placement: Placement, by_class: bool = False
+) -> list[Need]:
+    """The groups merged into needs: one per shape, placement and team (and, ``by_class``,
+    class order, highest first), largest first within that."""
     merged: dict[tuple[object, ...], Need] = {}
     for group in groups:
         tiers = placement.tiers(group.checkpoint_interval_s is not None, group.high_priority)
+        order = group.class_order if by_class else 0
         key = (
             group.gpus_per_job,
             group.nodes,
@@ -230,6 +240,7 @@ def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need
             group.min_gpu_memory_gib,
             tiers,
             group.team,
+            order,
         )
         interval = group.checkpoint_interval_s if Capacity.SPOT in tiers else None
         need = merged.get(key)
@@ -243,6 +254,7 @@ def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need
                 group.gpu_models,
                 group.min_gpu_memory_gib,
                 group.team,
+                order,
             )
         else:
             need.jobs += group.jobs
@@ -253,6 +265,7 @@ def needs_from(groups: Sequence[DemandGroup], placement: Placement) -> list[Need
     return sorted(
         merged.values(),
         key=lambda n: (
+            -n.class_order,
             -n.gpus_per_node,
             -n.nodes,
             len(n.tiers),
@@ -401,9 +414,12 @@ def pack(
     Fallbacks are kept only when they host the shape: among the offers, or among ``pools``
     when given (a policy whose fallbacks reach beyond its offers). Instances are bought per
     team (the needs' ``team``): a team's jobs fill only room in its own team's instances, so
-    each launch is one team's; without teams every need's team is None and nothing changes."""
-    bins: dict[tuple[str, NodeShape, int, str | None], _Bins] = {}
-    fallbacks: dict[tuple[str, NodeShape, int, str | None], Sequence[str]] = {}
+    each launch is one team's; without teams every need's team is None and nothing changes.
+    New instances for needs of a higher ``class_order`` are launches of their own, listed
+    first, so that the guard, which grants in plan order, trims the lower classes when limits
+    bind (their jobs may still fill room left in a higher class's instances)."""
+    bins: dict[tuple[str, NodeShape, int, str | None, int], _Bins] = {}
+    fallbacks: dict[tuple[str, NodeShape, int, str | None, int], Sequence[str]] = {}
     verdicts: dict[tuple[str, NodeShape], bool] = {}
 
     def fits(need: Need, pool: PoolView) -> bool:
@@ -432,7 +448,7 @@ def pack(
                         still.append(rest)
                 entry.partial = still
         used: dict[str, int] = {}
-        for (name, _, _, _), entry in bins.items():
+        for (name, _, _, _, _), entry in bins.items():
             used[name] = used.get(name, 0) + entry.count
         room = {o.name: o.room - used.get(o.name, 0) for o in offers}
         while remaining > 0:
@@ -461,7 +477,7 @@ def pack(
             hosted = min(remaining, (k // per_job) * jobs_each)
             remaining -= hosted
             room[chosen.name] -= k
-            key = (chosen.name, need.shape, per_job, need.team)
+            key = (chosen.name, need.shape, per_job, need.team, need.class_order)
             entry = bins.setdefault(key, _Bins(chosen, need))
             entry.count += k
             if per_job == 1:
@@ -484,16 +500,22 @@ def pack(
         LaunchRequest(
             pool=name,
             count=entry.count,
-            fallbacks=tuple(fallbacks.get((name, shape, gang, team), ())),
+            fallbacks=tuple(fallbacks.get((name, shape, gang, team, order), ())),
             reason=f"host pending jobs of {shape.describe()}"
             + (f" on each of {gang} nodes" if gang > 1 else ""),
             shape=shape,
             gang_size=gang,
             team=team,
         )
-        for (name, shape, gang, team), entry in sorted(
+        for (name, shape, gang, team, order), entry in sorted(
             bins.items(),
-            key=lambda item: (item[0][0], -item[0][1].gpus, item[0][2], item[0][3] or ""),
+            key=lambda item: (
+                -item[0][4],
+                item[0][0],
+                -item[0][1].gpus,
+                item[0][2],
+                item[0][3] or "",
+            ),
         )
         if entry.count > 0
     ]

@@ -186,7 +186,7 @@ class CostAwarePolicy:
         groups = list(view.demand.groups)
         if self.params.replace_on_notice:
             groups += displaced(view, self.params.displaced_checkpoint_interval_s)
-        needs = unmet(needs_from(groups, self.placement), available)
+        needs = unmet(needs_from(groups, self.placement, by_class=True), available)
         rates = self.interruption_rates(view)
         offers: dict[tuple[object, ...], list[Offer]] = {}
 

@@ -326,6 +326,10 @@ def simulate(
         },
         [p.name for p in config.pools],
     )
+    if config.teams is not None and config.teams.priority_classes:
+        # live schedulers place higher classes first (Slurm's QOS priority, Kubernetes'
+        # PrioritySort); without classes the replay stays FIFO with backfill
+        scheduler.place_by_class(config.teams.priority_classes)
     onprem_gpus = 0
     for node in scenario.onprem:
         for i in range(node.count):

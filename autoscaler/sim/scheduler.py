@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -35,8 +35,9 @@ from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Placement
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import SourceError
+from autoscaler.model.priorities import promoted_order
 from autoscaler.model.sharing import GpuSharing
-from autoscaler.model.teams import UNASSIGNED
+from autoscaler.model.teams import UNASSIGNED, PriorityClass
 from autoscaler.sim.packing import SharedGpus, Slot
 from autoscaler.sim.trace import TraceJob
 from autoscaler.spi.sources import NAMED_PENDING, HeldOff, NodeReading, NodeUsage, RunningJob
@@ -225,6 +226,8 @@ class SimScheduler:
         self._buckets: dict[BucketKey, list[tuple[int, SimJob]]] = {}
         self._index: dict[Capacity, dict[int, dict[str, SimNode]]] = {k: {} for k in Capacity}
         self._dirty = False
+        # the config's priority classes, where pending jobs are placed by class (place_by_class)
+        self._classes: dict[str, PriorityClass] = {}
         self._demand_cache: tuple[DemandGroup, ...] | None = None
         self._onprem_cache: dict[str, tuple[int, OnPremNode]] = {}
         self._max_free = 0
@@ -580,19 +583,20 @@ class SimScheduler:
                 job.pending_since = now
 
     def schedule(self, now: float) -> int:
-        """Start every pending job that fits, in FIFO order with backfill; returns how many. A job
-        moved off a node (``move_off``) does not start there again while its hold lasts."""
+        """Start every pending job that fits, in FIFO order with backfill (by class first, where
+        ``place_by_class`` was called); returns how many. A job moved off a node (``move_off``)
+        does not start there again while its hold lasts."""
         if not self._dirty:
             return 0
         self._dirty = False
-        heads: list[tuple[int, BucketKey]] = []
+        heads: list[tuple[int, int, BucketKey]] = []
         for key, heap in self._buckets.items():
             if heap and (key[7] is not None or key[0] // key[3] <= self._max_free):
-                heads.append((heap[0][0], key))
+                heads.append((self._placed_before(heap[0][1], now), heap[0][0], key))
         heapq.heapify(heads)
         started = 0
         while heads:
-            _, key = heapq.heappop(heads)
+            _, _, key = heapq.heappop(heads)
             heap = self._buckets[key]
             job = heap[0][1]
             nodes = self._best_fit(job)
@@ -603,8 +607,22 @@ class SimScheduler:
             self._start(job, nodes, now)
             started += 1
             if heap and (key[7] is not None or key[0] // key[3] <= self._max_free):
-                heapq.heappush(heads, (heap[0][0], key))
+                heapq.heappush(heads, (self._placed_before(heap[0][1], now), heap[0][0], key))
         return started
+
+    def place_by_class(self, classes: Mapping[str, PriorityClass]) -> None:
+        """Start pending jobs highest (aged) priority class first, then in FIFO order, as Slurm's
+        multifactor priority does with the QOS factor weighed above age, and Kubernetes'
+        scheduling queue (PrioritySort) does: called where the config lists
+        ``teams.priority_classes``; FIFO with backfill otherwise."""
+        self._classes = dict(classes)
+        self._dirty = True
+
+    def _placed_before(self, job: SimJob, now: float) -> int:
+        """The heap's first key for ``job``: minus its aged class order (0 without classes)."""
+        if not self._classes:
+            return 0
+        return -promoted_order(self._classes, job.trace.priority_class, now - job.trace.submit)
 
     def _job(self, job_id: str) -> SimJob:
         return self.jobs[int(job_id)]
