@@ -645,6 +645,7 @@ class SimScheduler:
             team=job.trace.team,
             priority_class=job.trace.priority_class,
             submitted_at=job.trace.submit,
+            gpu_share=float(job.slice) if job.slice is not None else None,
         )
 
     def _tiers(self, job: SimJob) -> tuple[Capacity, ...]:

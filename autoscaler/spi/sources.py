@@ -134,6 +134,14 @@ class RunningJob:
     # When it was submitted (None: not known): how old it was when it last started is what its
     # class has aged to while it runs (autoscaler/model/priorities.py).
     submitted_at: float | None = None
+    # Where it runs on a slice of a shared GPU (time-slicing, MIG, Slurm shards): that slice, in
+    # GPUs (``gpus`` is then 1, the GPU it shares). None: it holds ``gpus`` whole GPUs.
+    gpu_share: float | None = None
+
+    @property
+    def gpus_held(self) -> float:
+        """The GPUs' worth it holds: its slice, or its whole GPUs."""
+        return self.gpu_share if self.gpu_share is not None else float(self.gpus)
 
 
 @runtime_checkable
