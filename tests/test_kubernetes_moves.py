@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from k8s_api_emulator import K8sApi
-from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule
+from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule, wait_for
 from k8s_source_support import make_source
+from waits import bound
 
 from autoscaler.app.assembly import Mode, Parts, build_controller
 from autoscaler.fleet.telemetry import IdleTracker
@@ -249,6 +250,25 @@ def test_two_holds_on_one_node_share_its_taint_until_the_last_ends(
     bind(k8s_api, "two", "team-a", GPU_NODE)
     source.apply_placement(Placement())
     assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_holds_are_listed_and_lifted_through_the_watch_cache(
+    k8s_api: K8sApi, jobs: JobController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cached = make_source(k8s_api, monkeypatch, name="cached", watch_cache=True)
+    try:
+        gpu_node(k8s_api)
+        moved = borrower(k8s_api, jobs)
+        waiting = owner(k8s_api)
+        assert cached.held_off() == []
+        cached.move_off(moved, GPU_NODE, waiting)
+        assert wait_for(lambda: len(cached.held_off()) == 1, bound(30))
+        bind(k8s_api, "owner", "team-a", GPU_NODE)
+        cached.apply_placement(Placement())
+        assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+        assert wait_for(lambda: cached.held_off() == [], bound(30))
+    finally:
+        cached.close()
 
 
 # -- what is never moved -----------------------------------------------------------------------

@@ -302,9 +302,16 @@ class KubernetesSource:
 
     def held_off(self) -> list[HeldOff]:
         """The holds recorded on the nodes (so a restarted controller sees them too)."""
-        nodes = self.mover.held_nodes()
+        nodes = self.mover.held_nodes(self._node_objects())
         self._tell_holds(nodes)
         return self.mover.held_off(nodes)
+
+    def _node_objects(self) -> list[Any]:
+        """Every node object: from the watch cache with ``watch_cache`` (a hold is written
+        afresh under the node's resourceVersion whatever it was found by), else a list."""
+        cache = self._watch_cache()
+        listing = cache.nodes.snapshot(self.where) if cache is not None else self.api.list_nodes()
+        return listing.items
 
     def _tell_holds(self, nodes: Sequence[HeldNode]) -> None:
         bad = [node.problem for node in nodes if node.problem is not None]
@@ -440,7 +447,7 @@ class KubernetesSource:
         pods moved off a node (``move_off``) that have done their work are lifted."""
         failures: list[str] = []
         try:
-            held = self.mover.held_nodes()
+            held = self.mover.held_nodes(self._node_objects())
             self._tell_holds(held)
             failures += self.mover.lift(held)
         except SourceError as exc:

@@ -12,7 +12,8 @@ the taint ``gpu-autoscaler.io/held-for=<node token>:NoSchedule`` and the pod the
 node; the owner may land there. Running pods are not touched (``NoSchedule`` never evicts).
 
 * One taint per node, whatever the number of holds on it: the API server refuses two taints
-  with one key and effect, and a pod must tolerate *every* ``NoSchedule`` taint of a node, so a
+  with one key and effect (its node validation: "taints must be unique by key and effect
+  pair"), and a pod must tolerate *every* ``NoSchedule`` taint of a node, so a
   taint per owner would keep each owner off the node the other's hold is on. Its value is a
   token of the node (its name where that is a valid label value, else a hash), so an owner's
   toleration opens this node only, not every node held.
@@ -20,7 +21,8 @@ node; the owner may land there. Running pods are not touched (``NoSchedule`` nev
   but for a few fields, and ``spec.tolerations`` takes additions (never removals or changes,
   ``tolerationSeconds`` aside): the API server's pod update validation, in its words "pod
   updates may not change fields other than ... ``spec.tolerations`` (only additions to existing
-  tolerations)" (kubernetes.io, "Pod update and replacement"). Tolerations have no patch merge
+  tolerations)" (https://kubernetes.io/docs/concepts/workloads/pods/#pod-update-and-replacement:
+  "For spec.tolerations, you can only add new entries"). Tolerations have no patch merge
   key, so the whole list is written, under the resourceVersion it was read at.
 * The holds are recorded on the node, in the annotation ``gpu-autoscaler.io/holds`` (a JSON
   list of ``{"job", "for", "for_uid", "since"}``), written in the same patch as the taint and
@@ -323,10 +325,10 @@ class Mover:
 
     # -- listing and lifting ---------------------------------------------------------------------
 
-    def held_nodes(self) -> list[HeldNode]:
-        """Every node with our annotation or taint, read afresh."""
+    def held_nodes(self, items: Iterable[Any]) -> list[HeldNode]:
+        """The nodes with our annotation or taint among ``items`` (node objects)."""
         found = []
-        for obj in self.api.list_nodes().items:
+        for obj in items:
             if not isinstance(obj, dict):
                 continue
             held = HeldNode.of(obj, self.node_key(obj))
