@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from k8s_api_emulator import K8sApi
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from k8s_api_emulator import K8sApi, merge_patch
 from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule, wait_for
 from k8s_source_support import make_source
 from waits import bound
@@ -29,7 +31,14 @@ from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import SourceError
 from autoscaler.model.records import TickReport
 from autoscaler.sources.kubernetes import KubernetesSource
-from autoscaler.sources.kubernetes.moves import HOLD_TAINT_KEY, HOLDS_ANNOTATION
+from autoscaler.sources.kubernetes.moves import (
+    HOLD_TAINT_KEY,
+    HOLDS_ANNOTATION,
+    Hold,
+    node_patch,
+    read_holds,
+    write_holds,
+)
 from autoscaler.spi.policy import load_policy
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.observe import Signals
@@ -504,3 +513,50 @@ def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) 
     world.tick()
     assert hold_taints(api) == [] and holds_annotation(api) is None
     assert world.source.held_off() == []
+
+
+# -- the node patch, as a property -------------------------------------------------------------
+
+_names = st.text(alphabet="abcdefghij-", min_size=1, max_size=8)
+_holds = st.lists(
+    st.builds(
+        Hold,
+        job=_names.map(lambda n: f"team-b/{n}"),
+        for_job=_names.map(lambda n: f"team-a/{n}"),
+        for_uid=_names,
+        since=st.floats(min_value=0, max_value=2e9, allow_nan=False),
+    ),
+    max_size=4,
+    unique_by=lambda h: h.job,
+)
+_other_taints = st.lists(
+    st.builds(
+        dict,
+        key=_names.map(lambda n: f"example.com/{n}"),
+        value=_names,
+        effect=st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+    ),
+    max_size=3,
+    unique_by=lambda t: (t["key"], t["effect"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(others=_other_taints, before=_holds, after=_holds)
+def test_a_node_patch_keeps_our_taint_exactly_while_holds_stand(
+    others: list[dict[str, str]], before: list[Hold], after: list[Hold]
+) -> None:
+    ours = {"key": HOLD_TAINT_KEY, "value": GPU_NODE, "effect": "NoSchedule"}
+    annotations = {HOLDS_ANNOTATION: write_holds(before)} if before else {}
+    obj: dict[str, Any] = {
+        "metadata": {"name": GPU_NODE, "annotations": annotations},
+        "spec": {"taints": [*others, *([ours] if before else [])]},
+    }
+    patch = node_patch(obj, bool(before), before, after, GPU_NODE)
+    patched = merge_patch(obj, patch or {})
+    taints = patched["spec"]["taints"]
+    assert [t for t in taints if t["key"] != HOLD_TAINT_KEY] == others, "others kept, in order"
+    assert [t for t in taints if t["key"] == HOLD_TAINT_KEY] == ([ours] if after else [])
+    written = patched["metadata"]["annotations"].get(HOLDS_ANNOTATION)
+    assert (read_holds(written) if written is not None else []) == after
+    assert (patch is None) == (before == after)

@@ -306,7 +306,7 @@ class Mover:
                 before = held.holds if held is not None else ()
                 after = tuple(change(before))
                 token = held.token if held is not None else hold_token(node)
-                patch = _node_patch(obj, held is not None, before, after, token)
+                patch = node_patch(obj, held is not None, before, after, token)
                 if patch is None:
                     return token
                 meta = {**patch.get("metadata", {}), "resourceVersion": _version(obj)}
@@ -409,7 +409,7 @@ def _version(obj: Obj) -> str:
     return str(meta.get("resourceVersion") or "")
 
 
-def _node_patch(
+def node_patch(
     obj: Obj, annotated: bool, before: Sequence[Hold], after: Sequence[Hold], token: str
 ) -> dict[str, Any] | None:
     """The patch taking a node from ``before`` to ``after``: the annotation (removed with the
