@@ -130,6 +130,18 @@ def test_jobs_with_no_team_are_unassigned_and_unread_nodes_unknown() -> None:
     assert unknown.onprem[0].holders is None and unknown.of_instance("i-1") is None
 
 
+def test_a_job_on_a_slice_of_a_shared_gpu_holds_its_slice_not_the_gpu() -> None:
+    jobs = {
+        "n1": [
+            RunningJob("a", "n1", 1, 0.0, team="x", gpu_share=0.3),
+            RunningJob("b", "n1", 1, 0.0, team="y", gpu_share=0.5),
+            RunningJob("c", "n1", 2, 0.0, team="y"),
+        ]
+    }
+    held = tick_holders(jobs, [("n1", 4)])
+    assert held.onprem[0].holders == {"x": 0.3, "y": 2.5}
+
+
 # -- the real controller over many ticks ------------------------------------------------------
 
 

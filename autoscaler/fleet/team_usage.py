@@ -61,11 +61,12 @@ class Usage(NamedTuple):
 
 
 def holders(jobs: Iterable[RunningJob]) -> dict[str, float]:
-    """GPUs held on one node per team (a job naming no team counts as ``UNASSIGNED``)."""
+    """GPUs held on one node per team (a job naming no team counts as ``UNASSIGNED``); a job on
+    a slice of a shared GPU holds its slice, not the GPU."""
     held: dict[str, float] = {}
     for job in jobs:
         team = job.team or UNASSIGNED
-        held[team] = held.get(team, 0.0) + max(0.0, float(job.gpus))
+        held[team] = held.get(team, 0.0) + max(0.0, job.gpus_held)
     return held
 
 
