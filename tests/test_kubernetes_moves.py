@@ -411,8 +411,26 @@ class World:
         return report
 
 
-@pytest.fixture
-def world(k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+TEAMS = {
+    "teams": {"alpha": {"guaranteed_gpus": 4}, "beta": {"guaranteed_gpus": 0}},
+    "onprem_gpus": 4,
+    "reclaim_within_s": RECLAIM_WITHIN_S,
+}
+CLASSES = {
+    "priority_classes": {
+        "batch": {"order": 0},
+        "urgent": {"order": 10, "preempts": True},
+    },
+    "reclaim_within_s": RECLAIM_WITHIN_S,
+}
+
+
+@pytest.fixture(params=["teams"])
+def world(
+    request: pytest.FixtureRequest, k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[World]:
+    """With ``teams`` (the default): alpha guaranteed the node, beta none; with ``classes``:
+    no guarantees, class ``urgent`` preempts class ``batch``."""
     clock = ManualClock(1_700_000_000.0)
     common = {
         "provider": "sim",
@@ -429,11 +447,7 @@ def world(k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
             "tick_seconds": TICK_S,
             "policy": {"name": "karpenter"},
             "pools": [{"name": "a10g-od", "market": "on-demand", **common}],
-            "teams": {
-                "teams": {"alpha": {"guaranteed_gpus": 4}, "beta": {"guaranteed_gpus": 0}},
-                "onprem_gpus": 4,
-                "reclaim_within_s": RECLAIM_WITHIN_S,
-            },
+            "teams": TEAMS if request.param == "teams" else CLASSES,
         }
     )
     provider = SimProvider.from_config({"boot_seconds": 60}, list(config.pools), FLEET, clock)
@@ -459,23 +473,21 @@ def world(k8s_api: K8sApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     source.close()
 
 
-def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) -> None:
+def take_back(world: World, borrowed: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """``borrowed``'s Job fills the node; ``wanted`` arrives and must get it back through the
+    move path within the bound, without a cloud node bought for it."""
     api = world.api
-    # priority: the scheduler tries the moved pod's replacement before the owner, so only the
-    # hold keeps it off the node it left
-    borrowed = pod("t", "beta", gpus=4, annotations=CHECKPOINTS, priority=1000)
-    template = {
-        "metadata": {"annotations": borrowed["metadata"]["annotations"]},
-        "spec": borrowed["spec"],
-    }
-    world.jobs.add_job("borrow", template, namespace="beta")
+    template = {"metadata": dict(borrowed["metadata"]), "spec": borrowed["spec"]}
+    namespace = borrowed["metadata"]["namespace"]
+    world.jobs.add_job("borrow", template, namespace=namespace)
     world.tick()
     (first,) = api.items("pods")
-    moved = f"beta/{first['metadata']['name']}"
-    assert bound_to(api, moved) == GPU_NODE, "beta borrows alpha's idle guarantee"
+    moved = f"{namespace}/{first['metadata']['name']}"
+    assert bound_to(api, moved) == GPU_NODE, "the node is lent while nobody else wants it"
     world.tick()
 
-    api.put("pods", pod("owner", "alpha", gpus=4))
+    api.put("pods", wanted)
+    owner_id = f"{wanted['metadata']['namespace']}/{wanted['metadata']['name']}"
     arrived = world.clock.now()
     asked: list[str] = []
     for _ in range(int(RECLAIM_WITHIN_S / TICK_S) + 10):  # the bound, and then some
@@ -489,11 +501,11 @@ def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) 
             )
             if value:
                 asked.append(value)
-        if bound_to(api, "alpha/owner") is not None:
+        if bound_to(api, owner_id) is not None:
             break
     took = world.clock.now() - arrived
-    assert bound_to(api, "alpha/owner") == GPU_NODE, world.reports[-1]
-    assert took <= RECLAIM_WITHIN_S, f"reclaimed after {took:.0f} s"
+    assert bound_to(api, owner_id) == GPU_NODE, world.reports[-1]
+    assert took <= RECLAIM_WITHIN_S, f"taken back after {took:.0f} s"
     assert asked, "the borrowing pod was asked to checkpoint first"
     assert pod_at(api, moved) is None, "and then moved"
     (again,) = world.jobs.recreated
@@ -503,16 +515,35 @@ def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) 
         (moved, "checkpoint-asked"),
         (moved, "moved-off"),
     ], evacuated
-    assert "alpha/owner" in evacuated[-1].detail, evacuated[-1]
+    assert owner_id in evacuated[-1].detail, evacuated[-1]
     # the owner's room was made on-prem, not bought: nothing was launched before it was bound
     # except, after the move, for the moved pod itself (one 4-GPU node)
     launched = [a for r in world.reports for a in r.actions if a.kind == "launch"]
     assert sum(a.done for a in launched) <= 1, launched
 
-    # the hold ends once the owner is bound; the moved pod may then have the node back later
+    # the hold ends once the owner is bound
     world.tick()
     assert hold_taints(api) == [] and holds_annotation(api) is None
     assert world.source.held_off() == []
+
+
+def test_the_controller_reclaims_a_guarantee_from_a_borrowing_pod(world: World) -> None:
+    # priority: the scheduler tries the moved pod's replacement before the owner, so only the
+    # hold keeps it off the node it left
+    take_back(
+        world,
+        pod("t", "beta", gpus=4, annotations=CHECKPOINTS, priority=1000),
+        pod("owner", "alpha", gpus=4),
+    )
+
+
+@pytest.mark.parametrize("world", ["classes"], indirect=True)
+def test_the_controller_preempts_a_lower_class_pod(world: World) -> None:
+    take_back(
+        world,
+        pod("t", "beta", gpus=4, annotations=CHECKPOINTS, priority_class="batch"),
+        pod("urgent", "alpha", gpus=4, priority_class="urgent", priority=1000),
+    )
 
 
 # -- the node patch, as a property -------------------------------------------------------------
