@@ -280,6 +280,38 @@ def test_holds_are_listed_and_lifted_through_the_watch_cache(
         cached.close()
 
 
+def test_a_node_changed_meanwhile_is_read_again_and_kept(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+
+    def relabel() -> None:
+        k8s_api.mutate("nodes", GPU_NODE, lambda n: n["metadata"]["labels"].update(rack="r7"))
+
+    k8s_api.before_next("PATCH", relabel)  # the node changes under the first write: a 409
+    source.move_off(moved, GPU_NODE, waiting)
+    assert [r.status for r in k8s_api.served("PATCH")][:1] == [409]
+    assert node_of(k8s_api)["metadata"]["labels"]["rack"] == "r7", "the change made is kept"
+    assert len(hold_taints(k8s_api)) == 1 and pod_at(k8s_api, moved) is None
+
+
+def test_a_move_that_fails_takes_its_hold_back(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    k8s_api.before_next("DELETE", lambda: k8s_api.fail(403, times=1))
+    with pytest.raises(SourceError, match="HTTP 403"):
+        source.move_off(moved, GPU_NODE, waiting)
+    assert pod_at(k8s_api, moved) is not None and not jobs.recreated
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    assert MAINTENANCE in node_of(k8s_api)["spec"]["taints"]
+    assert source.held_off() == []
+
+
 # -- what is never moved -----------------------------------------------------------------------
 
 

@@ -209,26 +209,23 @@ class Mover:
         nothing when the pod is not one to move, or the owner is not one to wait for."""
         job_id, owner_id = "/".join(job), "/".join(owner)
         what = f"{self.where}: move {job_id} off {node}"
-        moved = self._pod(job, what)
+        moved = self.api.read_pod(*job)
         if moved is None:
             raise SourceError(f"{what}: the pod is gone")
         uid = self._check_moved(moved, node, what)
-        found = self._pod(owner, what)
+        found = self.api.read_pod(*owner)
         if found is None:
             raise SourceError(f"{what}: the pod it makes room for, {owner_id}, is gone")
         owner_uid = self._check_owner(found, owner_id, what)
         hold = Hold(job_id, owner_id, owner_uid, time.time())
         token = self._edit_node(node, what, lambda held: _with(held, hold))
         try:
-            if not self._tolerate(owner, token, what):
+            if not self._tolerate(owner, owner_uid, token, what):
                 raise SourceError(f"{what}: the pod it makes room for, {owner_id}, is gone")
             self.api.delete_pod(job[0], job[1], uid)
         except SourceError:
             self._undo(node, job_id, what)
             raise
-
-    def _pod(self, pod: tuple[str, str], what: str) -> Obj | None:
-        return self.api.read_pod(pod[0], pod[1])
 
     def _check_moved(self, obj: Obj, node: str, what: str) -> str:
         try:
@@ -260,19 +257,19 @@ class Mover:
             )
         return pod.uid
 
-    def _tolerate(self, owner: tuple[str, str], token: str, what: str) -> bool:
+    def _tolerate(self, owner: tuple[str, str], uid: str, token: str, what: str) -> bool:
         """Add the hold's toleration to the owner pod (kept if it has it); False when the pod
-        is gone."""
+        is gone (or a namesake of another ``uid`` stands in its place)."""
         wanted = toleration(token)
         for _ in range(CONFLICT_TRIES):
             obj = self.api.read_pod(owner[0], owner[1])
-            if obj is None:
+            if obj is None or _map(obj, "metadata").get("uid", "") != uid:
                 return False
             spec = _map(obj, "spec")
             found = _list(spec, "tolerations")
             if wanted in found:
                 return True
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            version = _version(obj)
             patch = {
                 "metadata": {"resourceVersion": version},
                 "spec": {"tolerations": [*found, wanted]},
