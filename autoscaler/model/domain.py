@@ -19,8 +19,6 @@ from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -29,13 +27,10 @@ from pydantic import (
     model_validator,
 )
 
+from autoscaler.model.frozen import Frozen as Frozen  # noqa: PLC0414 (re-exported)
+from autoscaler.model.sharing import GpuSharing
+
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
-
-
-class Frozen(BaseModel):
-    """Base for value objects: immutable, and strict about unknown fields."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Market(StrEnum):
@@ -128,6 +123,16 @@ class Pool(Frozen):
         "filling it (the launch template's or image's own boot data stays).",
     )
     options: dict[str, Any] = Field(default_factory=dict)
+    gpu_sharing: GpuSharing | None = Field(
+        None,
+        description="how the pool's instances share their GPUs between jobs that each ask for "
+        "a fraction of one: {mode: time-slicing, replicas: N} or {mode: mig, profiles: [1g.10gb, "
+        "...]} (autoscaler/model/sharing.py). It states what the operator's bootstrap sets up "
+        "(the NVIDIA device plugin's time-slicing config, or the MIG config the GPU operator "
+        "applies); the autoscaler does not configure it. Set on every pool a fractional job may "
+        "land on, pending fractional jobs are folded into fewer whole GPUs when buying for them "
+        "(model/sharing.whole_gpus); unset on any, each counts one GPU.",
+    )
 
     @property
     def is_spot(self) -> bool:

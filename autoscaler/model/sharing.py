@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from fractions import Fraction
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
-from autoscaler.model.domain import Frozen
+from autoscaler.model.frozen import Frozen
 
 MIG_COMPUTE_SLICES = 7
 MAX_REPLICAS = 64
@@ -52,9 +53,15 @@ def _mig_profile(name: str) -> str:
 MigProfile = Annotated[str, AfterValidator(_mig_profile)]
 
 
-def exact(fraction: float) -> Fraction:
+Share = float | Fraction  # of one GPU: a trace's decimal, or a live source's exact k/N
+
+
+def exact(fraction: Share) -> Fraction:
     """The fraction as the decimal the trace wrote (0.3 is 3/10, not 0.299999...), so that
-    ``ceil(0.3 * 10)`` is 3 slices and not 4."""
+    ``ceil(0.3 * 10)`` is 3 slices and not 4; an exact one (a live source's 5 of 6 replicas)
+    as it is."""
+    if isinstance(fraction, Fraction):
+        return fraction
     return Fraction(repr(fraction))
 
 
@@ -88,7 +95,7 @@ class GpuSharing(Frozen):
             return self.replicas
         return MIG_COMPUTE_SLICES
 
-    def slices_for(self, fraction: float) -> int | None:
+    def slices_for(self, fraction: Share) -> int | None:
         """The slices a job asking ``fraction`` of a GPU takes; None when it needs a whole GPU
         (a fraction of 1 or more, or one no MIG profile covers)."""
         wanted = exact(fraction)
@@ -102,7 +109,7 @@ class GpuSharing(Frozen):
             return None
         return min(covering)
 
-    def profile_for(self, fraction: float) -> str | None:
+    def profile_for(self, fraction: Share) -> str | None:
         """The MIG profile a job asking ``fraction`` is given (the smallest that covers it; of
         two with the same compute, the one listed first); None for time-slicing or a whole GPU."""
         if self.mode is not SharingMode.MIG:
@@ -119,3 +126,47 @@ class GpuSharing(Frozen):
         if self.mode is SharingMode.TIME_SLICING:
             return f"time-slicing, {self.replicas} replicas per GPU"
         return "MIG " + ", ".join(self.profiles)
+
+
+def worst_slice(fraction: Share, pool_sharings: Sequence[GpuSharing | None]) -> Fraction | None:
+    """The largest slice, in GPUs, any of these pools would give a job asking ``fraction`` of a
+    GPU; None when some pool would give it a whole GPU (one that does not share, or whose
+    slices do not cover the fraction) or there is no pool."""
+    if not pool_sharings:
+        return None
+    worst = Fraction(0)
+    for sharing in pool_sharings:
+        if sharing is None:
+            return None
+        slices = sharing.slices_for(fraction)
+        if slices is None:
+            return None
+        worst = max(worst, Fraction(slices, sharing.units))
+    return worst
+
+
+def whole_gpus(
+    counts: Sequence[tuple[Share | None, int]], pool_sharings: Sequence[GpuSharing | None]
+) -> int:
+    """The whole GPUs pending one-GPU jobs need, given as (fraction asked, jobs), when buying for
+    them from pools that share their GPUs as ``pool_sharings`` say (None: a pool that does not).
+
+    Where every pool shares, the jobs' slices are summed and rounded up once, each slice as the
+    pool that packs that fraction least well would cut it (the buyer does not know which pool
+    it will be). Where some pool does not share, or there is no pool, each job counts one GPU,
+    as without sharing: that pool would give each a whole GPU, and buying for fewer would leave
+    them waiting. Whole-GPU jobs (fraction None) count as they are. The simulator's scheduler
+    and the live sources tell the controller this same figure.
+    """
+    if all(f is None for f, _ in counts) or not any(s is not None for s in pool_sharings):
+        return sum(n for _, n in counts)
+    folds = all(s is not None for s in pool_sharings)
+    whole = 0
+    sliced = Fraction(0)
+    for fraction, jobs in counts:
+        worst = worst_slice(fraction, pool_sharings) if folds and fraction is not None else None
+        if worst is None:
+            whole += jobs
+        else:
+            sliced += worst * jobs
+    return whole + math.ceil(sliced)

@@ -36,7 +36,7 @@ from autoscaler.model import Capacity, DemandGroup, NodeShape, OnPremNode, Place
 from autoscaler.model.clock import Clock
 from autoscaler.model.errors import SourceError
 from autoscaler.model.priorities import promoted_order
-from autoscaler.model.sharing import GpuSharing
+from autoscaler.model.sharing import GpuSharing, whole_gpus
 from autoscaler.model.teams import UNASSIGNED, PriorityClass
 from autoscaler.sim.packing import SharedGpus, Slot
 from autoscaler.sim.trace import TraceJob
@@ -486,33 +486,11 @@ class SimScheduler:
 
     def _folded(self, counts: Sequence[tuple[float | None, int]]) -> int:
         """The whole GPUs pending one-GPU jobs need, given as (fraction asked, jobs), as the
-        controller is told: their slices summed and rounded up, where every pool shares its GPUs
-        (by the pool that packs each fraction least well); else one GPU each, as without sharing
-        (a pool that does not share would give each a whole GPU, and buying for fewer would
-        leave them waiting). Whole-GPU jobs (fraction None) count as they are."""
-        if all(f is None for f, _ in counts) or not self.pool_sharing:
+        controller is told (``autoscaler.model.sharing.whole_gpus``, which the live sources
+        use too), against every pool's sharing (None for a pool whose GPUs are not shared)."""
+        if not self.pool_sharing:
             return sum(n for _, n in counts)
-        folds = all(p in self.pool_sharing for p in self._pool_names)
-        whole = 0
-        sliced = Fraction(0)
-        for fraction, jobs in counts:
-            worst = self._worst_slice(fraction) if folds and fraction is not None else None
-            if worst is None:
-                whole += jobs
-            else:
-                sliced += worst * jobs
-        return whole + math.ceil(sliced)
-
-    def _worst_slice(self, fraction: float) -> Fraction | None:
-        """The largest slice any pool would give a job asking ``fraction`` of a GPU, in GPUs;
-        None when some pool would give it a whole GPU."""
-        worst = Fraction(0)
-        for sharing in self.pool_sharing.values():
-            slices = sharing.slices_for(fraction)
-            if slices is None:
-                return None
-            worst = max(worst, Fraction(slices, sharing.units))
-        return worst
+        return whole_gpus(counts, [self.pool_sharing.get(p) for p in self._pool_names])
 
     def read_nodes(self, now: float) -> NodeReading:
         onprem: list[OnPremNode] = []
