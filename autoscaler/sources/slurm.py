@@ -64,6 +64,7 @@ from autoscaler.sources.slurm_json import (
     read_nodes,
     read_queue,
     read_running_jobs,
+    shards_by_node,
 )
 from autoscaler.sources.slurm_placement import (
     Hold,
@@ -73,6 +74,7 @@ from autoscaler.sources.slurm_placement import (
     partition_plan,
     requeued_order,
 )
+from autoscaler.sources.slurm_shards import held, shard_pools
 from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.sources import HeldOff, NodeReading, NodeUsage, RunningJob
 
@@ -341,6 +343,8 @@ class SlurmAdapter:
             dict(settings.feature_gpu_memory_gib),
         )
         self._empty_since: dict[str, float] = {}
+        # each node's shards and GPUs as the last ``sinfo`` said (None: not read yet)
+        self._node_shards: dict[str, tuple[int, int]] | None = None
         self._holds: dict[str, Hold] = {}
         # move_off may run on the controller's worker threads while a tick reads the holds.
         self._holds_lock = threading.Lock()
@@ -372,6 +376,14 @@ class SlurmAdapter:
             gres_type(pool, settings.join_gpu_types, settings.gpu_models),
             settings.join_environment,
         )
+
+    def know_pools(self, pools: Sequence[Pool]) -> None:
+        """The config's pools (``KnowsPools``): those that join Slurm and share their GPUs by
+        time-slicing have shards (the join script gives their nodes ``replicas`` per GPU), which
+        pending ``gres/shard`` jobs are folded into; with none, a shard job is demand no pool
+        can host (``slurm_shards``)."""
+        hosts = shard_pools([p.gpu_sharing for p in pools if p.joins_scheduler])
+        self.rules = replace(self.rules, shard_pools=hosts)
 
     def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         """Run a command; only a command that could not run (missing, not executable, no answer
@@ -426,7 +438,7 @@ class SlurmAdapter:
         if not (self.settings.spot_partitions or self._holds):
             return demand_groups(text, rules)
         jobs = load_jobs(text)
-        groups = fold(iter_pending(jobs, rules))
+        groups = fold(iter_pending(jobs, rules), rules.shard_pools)
         ids = self._hold_ids()
         facts = queue_facts(jobs, self.rules, self._bases, ids)
         self._queue = (time.monotonic(), ids, facts)
@@ -460,26 +472,50 @@ class SlurmAdapter:
         return shown
 
     def read_nodes(self, now: float) -> NodeReading:
+        """On-prem nodes and what runs on cloud nodes. A cloud node with shards (a pool that
+        shares its GPUs) also says the GPUs' worth its jobs hold (``gpus_held``): the shards
+        held are read from the running jobs (one ``squeue``, only while some such node has a
+        shard in use), since Slurm 22.05's ``GresUsed`` says only how many GPUs carry one."""
         nodes = self._sinfo()
         cloud: dict[str, NodeUsage] = {}
         empty_since: dict[str, float] = {}
+        sharing = frozenset(n.name for n in nodes if n.cloud and n.shard_gpus)
+        shards_held = shards_by_node(self._run("squeue", "--json"), sharing) if sharing else {}
         for node in nodes:
             if not node.cloud:
                 continue
             since = None
             if node.gpus_allocated == 0:
                 since = empty_since[node.name] = self._empty_since.get(node.name, now)
-            cloud[node.name] = NodeUsage(gpus_allocated=node.gpus_allocated, empty_since=since)
+            cloud[node.name] = NodeUsage(
+                gpus_allocated=node.gpus_allocated,
+                empty_since=since,
+                gpus_held=held(
+                    node.gpus_allocated - node.shard_gpus,
+                    shards_held.get(node.name, 0),
+                    node.shards,
+                    node.gpus,
+                )
+                if node.shards
+                else None,
+            )
         self._empty_since = empty_since
         return NodeReading(onprem=onprem_nodes(nodes), cloud=cloud)
 
     def _sinfo(self) -> list[NodeGpus]:
-        return read_nodes(self._run("sinfo", "--json"), self.node_rules, self.rules.partitions)
+        nodes = read_nodes(self._run("sinfo", "--json"), self.node_rules, self.rules.partitions)
+        self._node_shards = {n.name: (n.shards, n.gpus) for n in nodes if n.shards}
+        return nodes
 
     def running_jobs_by_node(self) -> dict[str, list[RunningJob]]:
         """Every node's running jobs from one ``squeue``: what the controller reads when several
-        nodes are interrupted in the same tick."""
-        return read_running_jobs(self._run("squeue", "--json"), self.rules)
+        nodes are interrupted in the same tick. A shard job's share of a GPU is its shards over
+        its node's shards per GPU, as the last ``sinfo`` gave them (read now when none has and
+        some job holds shards)."""
+        text = self._run("squeue", "--json")
+        if self._node_shards is None and b"shard" in text:
+            self._sinfo()
+        return read_running_jobs(text, self.rules, self._node_shards)
 
     def running_jobs(self, node: str) -> list[RunningJob]:
         _check_node(node)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from importlib import resources
 
 from autoscaler.model import Market, Pool, gpu_model_matches
+from autoscaler.model.sharing import SharingMode
 
 DEFAULT_CLOUD_FEATURE = "gpu-autoscaler"
 MARKET_FEATURES = {Market.SPOT: "market-spot", Market.ON_DEMAND: "market-on-demand"}
@@ -36,6 +37,7 @@ DECIDED_BY_POOL = frozenset(
         "GPU_AUTOSCALER_GPU_MODEL",
         "GPU_AUTOSCALER_GPU_TYPE",
         "GPU_AUTOSCALER_FEATURE",
+        "GPU_AUTOSCALER_SHARDS",
     }
 )
 
@@ -58,7 +60,10 @@ def join_environment(
     pool: Pool, cloud_feature: str = DEFAULT_CLOUD_FEATURE, gpu_type: str | None = None
 ) -> dict[str, str]:
     """The join script's environment for a node of ``pool``; ``gpu_type`` is the gres type the
-    site's Slurm names the pool's GPUs by (``a100``)."""
+    site's Slurm names the pool's GPUs by (``a100``). A pool that shares its GPUs by
+    time-slicing joins with that many shards per GPU (``GPU_AUTOSCALER_SHARDS``: Slurm's
+    ``gres/shard``, what ``--gres=shard:N`` jobs run on, ``slurm_shards``); a MIG pool's slices
+    are gres types of the site's own, not shards."""
     environment = {
         "GPU_AUTOSCALER_FEATURE": cloud_feature,
         "GPU_AUTOSCALER_MARKET": pool.market.value,
@@ -68,6 +73,9 @@ def join_environment(
         environment["GPU_AUTOSCALER_GPU_MODEL"] = pool.gpu_model
     if gpu_type:
         environment["GPU_AUTOSCALER_GPU_TYPE"] = gpu_type
+    sharing = pool.gpu_sharing
+    if sharing is not None and sharing.mode is SharingMode.TIME_SLICING and sharing.replicas:
+        environment["GPU_AUTOSCALER_SHARDS"] = str(sharing.replicas)
     return environment
 
 
@@ -120,8 +128,8 @@ def environment_problem(name: str, value: str) -> str | None:
         return f"{name[:40]!r} is not an environment variable name (A-Z, 0-9 and _)"
     if name in DECIDED_BY_POOL:
         return (
-            f"{name} is set for each pool by the adapter (its market, name and GPU model, "
-            "cloud_feature, join_gpu_types) or is the instance's own"
+            f"{name} is set for each pool by the adapter (its market, name, GPU model and "
+            "gpu_sharing, cloud_feature, join_gpu_types) or is the instance's own"
         )
     if "\0" in value:
         return f"{name}'s value holds a NUL character"

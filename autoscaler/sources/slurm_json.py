@@ -33,12 +33,14 @@ import re
 import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.model.errors import SourceError
+from autoscaler.model.sharing import GpuSharing, whole_gpus
 from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
@@ -46,6 +48,7 @@ from autoscaler.sources.slurm_features import (
     gpu_needs,
     node_gpu_facts,
 )
+from autoscaler.sources.slurm_shards import ShardSyntaxError, parse_shards, shard_demand
 from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, RunningJob, groups_from_counts
@@ -114,6 +117,10 @@ class DemandRules:
     class is its QOS, read through ``class_names`` (``teams.priority_classes``): running jobs
     always name it, pending demand folds per class only with ``fold_classes``
     (``FoldsPriorityClasses``), so that without classes demand is folded as before.
+    ``shard_pools`` are the time-slicing pools that join Slurm, whose nodes have shards
+    (``slurm_shards``): pending ``gres/shard`` jobs are folded into whole GPUs of them, and are
+    demand no pool can host when there is none (None: the pools are not known, and each shard
+    job counts a GPU).
     """
 
     partitions: frozenset[str] | None = None
@@ -135,6 +142,7 @@ class DemandRules:
         default_factory=lambda: ClassNames("squeue --json", "qos"), compare=False
     )
     fold_classes: bool = False
+    shard_pools: tuple[GpuSharing, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,10 @@ class NodeGpus:
     schedulable: bool
     cloud: bool
     gpu_memory_gib: float | None = None
+    # Slurm's GPU sharing (``slurm_shards``): the node's shards, and how many of its GPUs carry
+    # a shard in use (counted in ``gpus_allocated``: no whole-GPU job can have them).
+    shards: int = 0
+    shard_gpus: int = 0
 
 
 def shown(value: Any) -> str:
@@ -474,6 +486,7 @@ class _Memo:
     def __init__(self, rules: DemandRules) -> None:
         self.rules = rules
         self.gres: dict[str, tuple[int, str | None]] = {}
+        self.shard_gres: dict[str, tuple[int, int | None]] = {}
         self.comments: dict[str, Checkpointing] = {}
         self.arrays: dict[tuple[str, int], int] = {}
         self.partitions: dict[str, bool] = {}
@@ -481,6 +494,7 @@ class _Memo:
         self.needs: dict[tuple[str, str | None], GpuNeeds] = {}
         self.reads_features = bool(rules.feature_gpu_models or rules.feature_gpu_memory_gib)
         self.skipped: list[str] = []
+        self.unmet: list[str] = []
 
     def gpus(self, text: str) -> tuple[int, str | None]:
         found = self.gres.get(text)
@@ -488,6 +502,16 @@ class _Memo:
             count, model = parse_gpu_gres(text)
             found = (count, self.rules.gpu_models.get(model, model) if model else None)
             self.gres[text] = found
+        return found
+
+    def shards(self, text: str) -> tuple[int, int | None]:
+        """Shards a gres string names and the GPUs its index list names (``slurm_shards``)."""
+        found = self.shard_gres.get(text)
+        if found is None:
+            try:
+                found = self.shard_gres[text] = parse_shards(text)
+            except ShardSyntaxError as exc:
+                raise BadFieldError(str(exc)) from None
         return found
 
     def gpu_needs(self, job: Fields, gres_model: str | None) -> GpuNeeds:
@@ -567,6 +591,8 @@ class PendingJob(NamedTuple):
     submit_time: float
     copies: int
     checkpoint_duration_s: float | None
+    # the share of a GPU a ``gres/shard`` job asks, as the shared fold takes it (None: whole GPUs)
+    fraction: Fraction | None = None
 
 
 def _int_field(job: Fields, name: str, default: int | None = None) -> int:
@@ -666,6 +692,29 @@ def _job_gpus(job: Fields, memo: _Memo) -> tuple[int, str | None]:
     return 0, None
 
 
+def _job_shards(job: Fields, memo: _Memo, nodes: int) -> int:
+    """Shards of one GPU a job asks of each node (``--gres=shard:N``): per job spread over its
+    nodes, else per node, else per task times tasks over its nodes; 0 for a job asking none."""
+    shards = _shard_field(job, "tres_per_job", memo)
+    if shards:
+        return -(-shards // nodes)
+    shards = _shard_field(job, "tres_per_node", memo)
+    if shards:
+        return shards
+    shards = _shard_field(job, "tres_per_task", memo)
+    return -(-shards * _count_field(job, "tasks") // nodes) if shards else 0
+
+
+def _shard_field(job: Fields, name: str, memo: _Memo) -> int:
+    text = _str_field(job, name)
+    if not text or "shard" not in text:
+        return 0
+    try:
+        return memo.shards(text)[0]
+    except BadFieldError as exc:
+        raise BadFieldError(f"{name} {exc}") from None
+
+
 def _gres_field(job: Fields, name: str, memo: _Memo) -> tuple[int, str | None]:
     text = _str_field(job, name)
     if not text:
@@ -698,8 +747,15 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             if not memo.counts_partition(partition):
                 continue
             per_node, nodes, model = _job_request(job, memo)
+            fraction: Fraction | None = None
+            unmet: str | None = None
+            shards = 0
             if per_node <= 0:
-                continue
+                shards = _job_shards(job, memo, nodes)
+                if shards <= 0:
+                    continue
+                per_node = 1
+                fraction, unmet = shard_demand(shards, nodes, rules.shard_pools)
             if reason == NODE_LIMIT_REASON and not memo.fits_partition(partition, nodes):
                 continue
             needs = memo.gpu_needs(job, model)
@@ -722,13 +778,15 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
         except _SkippedJobError as exc:
             memo.skipped.append(f"job {_ident(job)}: {exc}")
             continue
+        if unmet is not None:
+            memo.unmet.append(f"job {job_id} asks {shards} shard(s): {unmet}")
         yield PendingJob(
             str(job_id),
             GroupKey(
                 per_node * nodes,
                 checkpointing.interval_s,
                 high,
-                needs.gpu_models,
+                needs.gpu_models if unmet is None else (unmet,),
                 partition or None,
                 nodes,
                 needs.min_gpu_memory_gib,
@@ -738,6 +796,15 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             float(submitted),
             copies,
             checkpointing.duration_s,
+            fraction,
+        )
+    if memo.unmet:
+        more = len(memo.unmet) - SHOWN_SKIPPED
+        log.warning(
+            "squeue --json: %d pending shard job(s) no pool can host: %s%s",
+            len(memo.unmet),
+            "; ".join(memo.unmet[:SHOWN_SKIPPED]),
+            f" (and {more} more)" if more > 0 else "",
         )
     if memo.skipped:
         more = len(memo.skipped) - SHOWN_SKIPPED
@@ -757,14 +824,23 @@ def _ident(job: Any) -> str:
     return value if value == "?" else shown(value)
 
 
-def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
-    """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them."""
+def fold(
+    pending: Iterator[PendingJob], shard_pools: tuple[GpuSharing, ...] | None = None
+) -> list[DemandGroup]:
+    """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them.
+    Shard jobs alike but for their shards are one group with the whole-GPU jobs of their shape,
+    their fractions folded into whole GPUs of the ``shard_pools`` by the simulator's own rule
+    (``sharing.whole_gpus``)."""
     counts: dict[GroupKey, int] = {}
     named: dict[GroupKey, OldestJobs] = {}
     bounds: dict[GroupKey, float] = {}
+    sliced: dict[GroupKey, dict[Fraction, int]] = {}
     for item in pending:
         key = item.key
         submitted = item.submit_time
+        if item.fraction is not None:
+            fractions = sliced.setdefault(key, {})
+            fractions[item.fraction] = fractions.get(item.fraction, 0) + item.copies
         if key in counts:
             counts[key] += item.copies
             if submitted <= bounds[key]:
@@ -773,13 +849,16 @@ def fold(pending: Iterator[PendingJob]) -> list[DemandGroup]:
             counts[key] = item.copies
             named[key] = OldestJobs(submitted, item.id)
             bounds[key] = math.inf
+    for key, fractions in sliced.items():
+        whole = counts[key] - sum(fractions.values())
+        counts[key] = whole_gpus([(None, whole), *fractions.items()], shard_pools or ())
     return groups_from_counts(
         counts, {k: v.submitted() for k, v in named.items()}, {k: v.ids() for k, v in named.items()}
     )
 
 
 def demand_groups(text: str | bytes, rules: DemandRules) -> list[DemandGroup]:
-    return fold(iter_pending(load_jobs(text), rules))
+    return fold(iter_pending(load_jobs(text), rules), rules.shard_pools)
 
 
 def pending_jobs(text: str | bytes, rules: DemandRules) -> list[Job]:
@@ -832,11 +911,17 @@ def active_jobs_on(text: str | bytes, node: str) -> list[str]:
     return found
 
 
-def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[RunningJob]]:
+def read_running_jobs(
+    text: str | bytes,
+    rules: DemandRules,
+    node_shards: Mapping[str, tuple[int, int]] | None = None,
+) -> dict[str, list[RunningJob]]:
     """Every job running (or finishing) on each node, with the GPUs it holds there: one document
     for all nodes, so a zone-wide reclaim of hundreds of nodes costs one ``squeue``. A job on
     several nodes is listed on each. Unlike a comment, an allocation we cannot read fails the
-    read: it is what the work at risk is counted in."""
+    read: it is what the work at risk is counted in. A shard job holds one GPU of each node, and
+    its shards' share of a GPU (``gpu_share``) where ``node_shards`` gives the node's shards and
+    GPUs (``sinfo``); a node it does not give leaves the share unknown, the GPU counted whole."""
     memo = _Memo(rules)
     qos_high = rules.high_priority_qos
     priority_min = rules.high_priority_min
@@ -861,13 +946,14 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                 bool(qos_high) and _str_field(job, "qos") in qos_high
             )
             needs = memo.gpu_needs(job, _job_gpus(job, memo)[1])
+            shares = _shares(job, nodes, gpus, memo, node_shards or {})
             job_id = str(_job_id(job))
             team = rules.team_names(job.get(rules.team_field)) if rules.team_field else None
             priority_class = rules.class_names(job.get("qos"))
             submitted = _time_field(job, "submit_time")
         except BadFieldError as exc:
             raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
-        for node, count in zip(nodes, gpus, strict=True):
+        for node, count, share in zip(nodes, gpus, shares, strict=True):
             by_node.setdefault(node, []).append(
                 RunningJob(
                     id=job_id,
@@ -884,9 +970,31 @@ def read_running_jobs(text: str | bytes, rules: DemandRules) -> dict[str, list[R
                     team=team,
                     priority_class=priority_class,
                     submitted_at=float(submitted) if submitted > 0 else None,
+                    gpu_share=share,
                 )
             )
     return by_node
+
+
+def _shares(
+    job: Fields,
+    nodes: list[str],
+    gpus: list[int],
+    memo: _Memo,
+    node_shards: Mapping[str, tuple[int, int]],
+) -> list[float | None]:
+    """The share of a GPU a shard job's shards are on each node (shards over the node's shards
+    per GPU); None where it holds whole GPUs or the node's shards are not known."""
+    if any(gpus) and not _job_shards(job, memo, len(nodes)):
+        return [None] * len(nodes)
+    shares: list[float | None] = []
+    for node, shards in zip(nodes, _shards_by_node(job, nodes, memo), strict=True):
+        known = node_shards.get(node)
+        if not shards or known is None or known[0] <= 0 or known[1] <= 0:
+            shares.append(None)
+        else:
+            shares.append(float(Fraction(shards * known[1], known[0])))
+    return shares
 
 
 class QueuedJob(NamedTuple):
@@ -962,7 +1070,8 @@ def queue_facts(
             ):
                 continue
             try:
-                asks_gpus = _job_request(job, memo)[0] > 0
+                per_node, nodes, _ = _job_request(job, memo)
+                asks_gpus = per_node > 0 or _job_shards(job, memo, nodes) > 0
             except _SkippedJobError:
                 asks_gpus = False
             checkpointable = memo.checkpointing(_str_field(job, "comment")).interval_s is not None
@@ -1014,7 +1123,9 @@ def _is_active(state: Any) -> bool:
 def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
     """GPUs the job holds on each of its nodes. ``gres_detail`` has one entry per allocated node,
     in node order (``gpu:a100:2(IDX:0-1)``), and is exact even for ``--gpus=3`` over two nodes;
-    without it, the per-node request, else the job's total spread over its nodes."""
+    without it, the per-node request, else the job's total spread over its nodes. A shard job
+    (``shard:2(IDX:0)``) holds the GPUs its shards are on, one on each node in 22.05: no
+    whole-GPU job can have them while it runs (``slurm_shards``)."""
     detail = job.get("gres_detail")
     if isinstance(detail, list) and len(detail) == len(nodes):
         counts = []
@@ -1022,9 +1133,13 @@ def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
             if not isinstance(entry, str):
                 raise BadFieldError(f"gres_detail entry {shown(entry)} is not a string")
             try:
-                counts.append(memo.gpus(entry)[0])
+                count = memo.gpus(entry)[0]
+                if not count and "shard" in entry:
+                    shards, gpus = memo.shards(entry)
+                    count = (gpus or 1) if shards else 0
             except BadFieldError as exc:
                 raise BadFieldError(f"gres_detail {exc}") from None
+            counts.append(count)
         return counts
     per_node, _ = _gres_field(job, "tres_per_node", memo)
     if per_node:
@@ -1032,8 +1147,52 @@ def _gpus_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
     total = _allocated_gpus(_str_field(job, "tres_alloc_str"))
     if total is None:
         total = _job_gpus(job, memo)[0]
+    if not total and _job_shards(job, memo, len(nodes)):
+        return [1] * len(nodes)
     share, extra = divmod(total, len(nodes))
     return [share + (1 if index < extra else 0) for index in range(len(nodes))]
+
+
+def shards_by_node(text: str | bytes, nodes: frozenset[str]) -> dict[str, int]:
+    """The shards the running jobs hold on each of ``nodes``, from their ``gres_detail`` (one
+    entry per allocated node, in node order): what Slurm 22.05's ``GresUsed`` does not say
+    (``slurm_shards``). A job without a detail for each node holds its per-node request on
+    each. Fields we cannot read fail the read, as for running jobs."""
+    memo = _Memo(DemandRules())
+    held: dict[str, int] = {}
+    for job in load_running_jobs(text):
+        try:
+            if not isinstance(job, _JobFields | dict):
+                raise BadFieldError(f"is a JSON {type(job).__name__}, not an object")
+            if not _is_active(job.get("job_state")):
+                continue
+            names = _job_nodes(job)
+            if nodes.isdisjoint(names):
+                continue
+            counts = _shards_by_node(job, names, memo)
+        except BadFieldError as exc:
+            raise SourceError(f"squeue --json: job {_ident(job)}: {exc}") from None
+        for name, count in zip(names, counts, strict=True):
+            if name in nodes and count:
+                held[name] = held.get(name, 0) + count
+    return held
+
+
+def _shards_by_node(job: Fields, nodes: list[str], memo: _Memo) -> list[int]:
+    """Shards the job holds on each of its nodes: its ``gres_detail`` entry for each, else its
+    per-node request on each."""
+    detail = job.get("gres_detail")
+    if isinstance(detail, list) and len(detail) == len(nodes):
+        counts = []
+        for entry in detail:
+            if not isinstance(entry, str):
+                raise BadFieldError(f"gres_detail entry {shown(entry)} is not a string")
+            try:
+                counts.append(memo.shards(entry)[0] if "shard" in entry else 0)
+            except BadFieldError as exc:
+                raise BadFieldError(f"gres_detail {exc}") from None
+        return counts
+    return [_job_shards(job, memo, len(nodes))] * len(nodes)
 
 
 def _allocated_gpus(tres: str) -> int | None:
@@ -1082,13 +1241,25 @@ def _node(item: Any, rules: NodeRules) -> NodeGpus:
     name = _str_field(item, "name")
     if not name:
         raise BadFieldError("has no name")
+    gres, gres_used = _str_field(item, "gres"), _str_field(item, "gres_used")
     try:
-        gpus, model = parse_gpu_gres(_str_field(item, "gres"))
-        used, _ = parse_gpu_gres(_str_field(item, "gres_used"))
+        gpus, model = parse_gpu_gres(gres)
+        used, _ = parse_gpu_gres(gres_used)
+        shards = parse_shards(gres)[0] if "shard" in gres else 0
+        shard_gpus = 0
+        if "shard" in gres_used:
+            shards_used, on_gpus = parse_shards(gres_used)
+            shard_gpus = on_gpus if on_gpus is not None else min(shards_used, 1)
     except BadFieldError as exc:
+        raise BadFieldError(f"gres: {exc}") from None
+    except ShardSyntaxError as exc:
         raise BadFieldError(f"gres: {exc}") from None
     if gpus > MAX_GPUS_PER_NODE or used > MAX_GPUS_PER_NODE:
         raise BadFieldError(f"gres: {max(gpus, used):,} GPUs on one node")
+    if shards and not gpus:
+        raise BadFieldError(f"gres {shown(gres)}: shards without GPUs to share")
+    if shard_gpus > gpus:
+        raise BadFieldError(f"gres_used {shown(gres_used)}: shards on more GPUs than it has")
     state = _str_field(item, "state").lower()
     flags = item.get("state_flags") or []
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
@@ -1101,11 +1272,13 @@ def _node(item: Any, rules: NodeRules) -> NodeGpus:
     return NodeGpus(
         name=name,
         gpus=gpus,
-        gpus_allocated=used,
+        gpus_allocated=used + shard_gpus,
         gpu_model=rules.gpu_models.get(model, model) if model else featured_model,
         schedulable=schedulable,
         cloud=rules.cloud_feature in features,
         gpu_memory_gib=memory,
+        shards=shards,
+        shard_gpus=shard_gpus,
     )
 
 

@@ -21,6 +21,9 @@
 #   GPU_AUTOSCALER_GPU_MODEL    the pool's gpu_model (gpu-<model> feature)
 #   GPU_AUTOSCALER_GPUS         GPU count; default: what nvidia-smi -L lists
 #   GPU_AUTOSCALER_GPU_TYPE     gres type (a100, h100, ...); default: none
+#   GPU_AUTOSCALER_SHARDS       shards per GPU (Slurm's gres/shard, a pool's time-slicing
+#                               replicas): the node's Gres gets shard:<GPUs x shards>; the
+#                               node's gres.conf must name them (docs/fractional-gpus.md)
 #   GPU_AUTOSCALER_FEATURE      the feature that marks the autoscaler's nodes (gpu-autoscaler)
 #   GPU_AUTOSCALER_FEATURES     more features, comma separated (the site's own: a100, nvlink)
 #   GPU_AUTOSCALER_NODE_CONF    more node attributes (CPUs=… RealMemory=… Weight=…)
@@ -133,6 +136,15 @@ gres="gpu:$gpus"
 if [ -n "${GPU_AUTOSCALER_GPU_TYPE:-}" ]; then
     gres="gpu:$GPU_AUTOSCALER_GPU_TYPE:$gpus"
 fi
+shards="${GPU_AUTOSCALER_SHARDS:-}"
+case "$shards" in
+    "") ;;
+    *[!0-9]* | 0*)
+        echo "join-cloud-node: GPU_AUTOSCALER_SHARDS '$shards' is not a number of shards per GPU" >&2
+        exit 1
+        ;;
+    *) gres="$gres,shard:$((gpus * shards))" ;;
+esac
 features="${GPU_AUTOSCALER_FEATURE:-gpu-autoscaler}"
 if [ -n "$market" ]; then
     features="$features,market-$market"

@@ -1,0 +1,157 @@
+"""Slurm's GPU sharding (``gres/shard``, Slurm 22.05 and later) read as fractions of a GPU.
+
+A site shares GPUs by giving nodes shards beside their GPUs (``GresTypes=gpu,shard``, a node's
+``Gres=gpu:4,shard:32``, ``gres.conf`` ``Name=shard Count=8 File=/dev/nvidia0`` per GPU) and jobs
+ask ``--gres=shard:N``: N of one GPU's shards, all on one GPU (22.05 gives a job no shards of two
+GPUs on one node). A GPU with a shard in use is not given to a whole-GPU job, and a whole GPU in
+use gives no shards, so:
+
+* a node's GPUs allocated are its whole GPUs in use and the GPUs with a shard in use; the GPUs'
+  worth held (``NodeUsage.gpus_held``) counts each shard as its share of a GPU. Slurm 22.05's
+  ``GresUsed`` prints, for shards, how many GPUs carry one (``shard:a100:3(IDX:0-2)`` for 18
+  shards on three GPUs), so the shards held are summed from the running jobs' ``gres_detail``;
+* a running shard job holds one GPU of its node, as the simulator counts a fractional job
+  (``RunningJob.gpus`` is 1: the GPU it sits on, which no whole-GPU job can have meanwhile);
+* a pending shard job can only run where there are shards: on a cloud pool that shares its GPUs
+  by time-slicing, whose nodes join with ``replicas`` shards per GPU (``slurm_join``). Its demand
+  is N shards of such a pool's GPU, folded with the other pending fractions into whole GPUs by
+  ``autoscaler.model.sharing.whole_gpus``, the simulator's own fold. A shard job no pool can
+  host (no pool shares, or none has N shards per GPU) is demand that cannot be met: it counts
+  one GPU of a shape no pool offers, its reason written where the shape's model goes, so the
+  controller reports it unhostable instead of buying a node it could not run on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+
+from autoscaler.model.sharing import GpuSharing, SharingMode
+
+SHARD = "shard"
+_COUNT = re.compile(r"[0-9]{1,20}")
+_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+_INDEX_RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
+INT_MAX = 2**64 - 1
+
+
+# Why a pending shard job cannot be hosted, as its shape's model says it (jobs alike but for
+# their shards stay one group of unhostable demand).
+NO_SHARDS = "gres/shard: no pool's nodes have shards (no pool shares its GPUs by time-slicing)"
+TOO_MANY_SHARDS = "gres/shard: more shards of one GPU than any pool's GPUs have (at most {most})"
+
+
+class ShardSyntaxError(ValueError):
+    """A shard entry of a gres string that is not one Slurm prints."""
+
+
+def gres_items(text: str) -> list[str]:
+    """A gres string's entries, split at the commas outside parentheses (``gpu:a100:2(IDX:0,2)``
+    keeps its index list)."""
+    items: list[str] = []
+    depth = 0
+    start = 0
+    for index, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def parse_shards(text: str) -> tuple[int, int | None]:
+    """The shards a gres or TRES string names (``gres:shard:2``, ``shard:a100:32``,
+    ``shard:a100:3(IDX:0-2)``) and how many GPUs its index list names (None: no list, or
+    ``IDX:N/A``). Raises ``ShardSyntaxError`` for a shard entry whose count is not ASCII digits
+    within 64 bits, whose type is not a name, or whose index list is not one."""
+    total = 0
+    gpus: set[int] | None = None
+    for item in gres_items(text):
+        entry = item[5:] if item.startswith(("gres:", "gres/")) else item
+        head, paren, tail = entry.partition("(")
+        parts = head.split(":")
+        if parts[0] != SHARD:
+            continue
+        if len(parts) == 1:
+            count, kind = "1", None
+        elif len(parts) == 2:
+            count, kind = parts[1], None
+        elif len(parts) == 3:
+            count, kind = parts[2], parts[1]
+        else:
+            raise ShardSyntaxError(f"{item[:80]!r} is not a shard count")
+        if not _COUNT.fullmatch(count) or int(count) > INT_MAX:
+            raise ShardSyntaxError(f"{item[:80]!r} is not a shard count")
+        if kind is not None and not _TYPE.fullmatch(kind):
+            raise ShardSyntaxError(f"{item[:80]!r} has no gres type name")
+        total += int(count)
+        if paren:
+            found = _indices(tail, item)
+            if found is not None:
+                gpus = (gpus or set()) | found
+    return total, None if gpus is None else len(gpus)
+
+
+def _indices(tail: str, item: str) -> set[int] | None:
+    """``IDX:0-2,5)`` as {0, 1, 2, 5}; ``IDX:N/A)`` as None."""
+    if not tail.endswith(")") or not tail.startswith("IDX:"):
+        raise ShardSyntaxError(f"{item[:80]!r} has no index list Slurm prints")
+    listed = tail[4:-1]
+    if listed == "N/A":
+        return None
+    found: set[int] = set()
+    for part in listed.split(","):
+        match = _INDEX_RANGE.fullmatch(part)
+        if match is None:
+            raise ShardSyntaxError(f"{item[:80]!r} has no index list Slurm prints")
+        first = int(match[1])
+        last = first if match[2] is None else int(match[2])
+        if last < first or last - first > 4096:
+            raise ShardSyntaxError(f"{item[:80]!r} has no index list Slurm prints")
+        found.update(range(first, last + 1))
+    return found
+
+
+def shard_pools(sharings: Sequence[GpuSharing | None]) -> tuple[GpuSharing, ...]:
+    """The sharings of the pools whose nodes have shards: those that share by time-slicing
+    (the join script gives their nodes ``replicas`` shards per GPU). A MIG pool's slices are
+    gres types of their own under Slurm, not shards, and a pool that does not share has none."""
+    return tuple(
+        s for s in sharings if s is not None and s.mode is SharingMode.TIME_SLICING and s.replicas
+    )
+
+
+def shard_demand(
+    shards: int, nodes: int, pools: tuple[GpuSharing, ...] | None
+) -> tuple[Fraction | None, str | None]:
+    """What a pending job asking ``shards`` of one GPU on each of ``nodes`` nodes is, given the
+    time-slicing pools that join Slurm (None: the pools are not known): (the exact fraction of a
+    GPU handed to the fold, None for a whole GPU per node), or why no pool can host it.
+
+    The fraction is N over the fewest shards per GPU any such pool has, the largest share of a
+    GPU the job can take on any of them (a buyer does not know which pool it gets); N at least
+    that many is a whole GPU. A job over several nodes counts a GPU per node, as a multi-GPU job
+    of the trace is never fractional."""
+    if pools is None:
+        return None, None
+    if not pools:
+        return None, NO_SHARDS
+    replicas = [p.replicas for p in pools if p.replicas]
+    if shards > max(replicas):
+        return None, TOO_MANY_SHARDS.format(most=max(replicas))
+    if nodes > 1:
+        return None, None
+    return Fraction(shards, min(replicas)), None
+
+
+def held(whole: int, shards_held: int, shards: int, gpus: int) -> float:
+    """The GPUs' worth a node's jobs hold: its whole GPUs in use and each shard as its share of
+    a GPU (``shards`` over ``gpus``)."""
+    if shards <= 0 or gpus <= 0:
+        return float(whole)
+    return float(whole + Fraction(shards_held * gpus, shards))
