@@ -44,10 +44,17 @@ from autoscaler.model import DemandGroup, Placement, Pool
 from autoscaler.model.errors import SourceError
 from autoscaler.model.inputfile import validate_settings
 from autoscaler.model.optional import require_extra
+from autoscaler.model.sharing import GpuSharing
 from autoscaler.sources import kubernetes_join
 from autoscaler.sources.kubernetes.api import KubeApi, Listing
 from autoscaler.sources.kubernetes.cache import WatchCache
-from autoscaler.sources.kubernetes.demand import UNKNOWN_RESOURCE, describe, pending_demand
+from autoscaler.sources.kubernetes.demand import (
+    COUNTED_ONCE_SEEN,
+    UNKNOWN_RESOURCE,
+    Sharing,
+    describe,
+    pending_demand,
+)
 from autoscaler.sources.kubernetes.fit import NodeNeeds, PoolLabels, unmet
 from autoscaler.sources.kubernetes.moves import HeldNode, Mover
 from autoscaler.sources.kubernetes.nodes import (
@@ -94,6 +101,8 @@ class KubernetesSource:
         self._counts: dict[str, int] = {}  # the last readings' problems by kind
         self._fits: tuple[PoolLabels, ...] = ()  # what each pool joining the cluster carries
         self._unmet: dict[NodeNeeds, str | None] = {}
+        # each pool joining the cluster's gpu_sharing (None: not shared; unset: pools unknown)
+        self._sharing: tuple[GpuSharing | None, ...] | None = None
         self._rendered: set[str] = set()  # the pools whose join this source rendered
         self._said: dict[str, frozenset[str]] = {}  # what each reading last warned of
         self._pods: tuple[float, float, Listing] | None = None
@@ -171,10 +180,12 @@ class KubernetesSource:
 
     def read(self, now: float) -> Sequence[DemandGroup]:
         fits = self._unmet_of if self._fits else None
-        reading = pending_demand(self._pod_list(now).items, self.rules, fits, now)
+        sharing = Sharing(self._sharing, self._onprem_sharing)
+        reading = pending_demand(self._pod_list(now).items, self.rules, fits, now, sharing)
         lines: list[str] = []
         for kind, found in reading.problems.items():
-            self._counts[kind] = len(found)
+            if found or kind in self._counts or kind not in COUNTED_ONCE_SEEN:
+                self._counts[kind] = len(found)
             if kind == UNKNOWN_RESOURCE and found:
                 lines.append(
                     f"{len(found)} pending pod(s) ask for a GPU resource no setting "
@@ -210,6 +221,12 @@ class KubernetesSource:
         """The last readings' problems by kind (``ReportsProblems``): pending pods counted as
         demand that cannot be met, or off spot, and nodes and bound pods left out."""
         return dict(self._counts)
+
+    def _onprem_sharing(self) -> list[GpuSharing]:
+        """How on-prem nodes share their GPUs, asked only for a slice no pool offers."""
+        nodes = self._nodes if self._nodes is not None else self._read_nodes()
+        found = (n.sharing.as_gpu_sharing() for n in nodes.by_name.values() if not n.managed)
+        return [s for s in found if s is not None]
 
     def _unmet_of(self, pod: Pod) -> str | None:
         """Why no pool's node can meet ``pod``'s node selector, or None (remembered per
@@ -435,6 +452,7 @@ class KubernetesSource:
             for pool in pools
             if pool.joins_scheduler
         )
+        self._sharing = tuple(p.gpu_sharing for p in pools if p.joins_scheduler)
         self._unmet.clear()
 
     def apply_placement(self, placement: Placement) -> None:

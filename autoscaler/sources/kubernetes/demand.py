@@ -22,7 +22,18 @@ each pod with its reason (``Reading.problems``, by kind, for the source's warnin
   (``autoscaler.sources.kubernetes.fit``); its model says the requirement;
 * ``unreadable``: a pod whose fields cannot be read, unless what can be read shows it is not
   pending GPU demand; one job of its GPUs when they can be read, else of one GPU;
-* ``too-large``: more GPUs on one node, or more pods at once, than any node or job can hold.
+* ``too-large``: more GPUs on one node, or more pods at once, than any node or job can hold;
+* ``unshared-gpu-slice``: a slice of a shared GPU (``autoscaler.sources.kubernetes.slices``)
+  that no pool's ``gpu_sharing`` and no on-prem node offers (a MIG profile nobody cuts, a
+  time-sliced GPU where nothing is time-sliced); its model says the slice.
+
+A pending pod asking a slice of a shared GPU is a job of one GPU whose share of it (k of N
+replicas, a MIG instance's c/7) is folded with the other slices of its group into whole GPUs
+(``autoscaler.model.sharing.whole_gpus``, as the simulator tells the controller) against every
+pool's ``gpu_sharing``: their slices summed and rounded up where every pool shares, one GPU each
+where some pool does not (it would give each a whole GPU). A time-slicing pod that does not
+select its replicas (``nvidia.com/gpu.shared: 1`` alone) is counted against the fewest replicas
+any pool or node that time-slices cuts a GPU in: the largest share it may take.
 
 A checkpoint annotation that cannot be read (``bad-checkpoint-annotation``) leaves the pod as
 demand that can be met, as one that does not checkpoint (kept off spot): a typo in an
@@ -31,22 +42,30 @@ annotation costs the pod spot's discount, not its GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 from autoscaler.model import DemandGroup
+from autoscaler.model.sharing import GpuSharing, SharingMode, whole_gpus
+from autoscaler.sources.kubernetes.fit import NodeNeeds
 from autoscaler.sources.kubernetes.pods import (
     BadPodError,
     Pod,
     PodRules,
     Times,
     ident,
+    node_needs,
     one_line,
     read_pod,
     requested,
     unschedulable_status,
+    wanted_gpus,
 )
+from autoscaler.sources.kubernetes.slices import Slice, pod_slice, product_model
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, groups_from_counts
 
@@ -59,9 +78,32 @@ UNKNOWN_RESOURCE = "unknown-gpu-resource"
 UNMET_SELECTOR = "unmet-node-selector"
 TOO_LARGE = "too-large"
 BAD_CHECKPOINT = "bad-checkpoint-annotation"
-PROBLEMS = (UNREADABLE, UNKNOWN_RESOURCE, UNMET_SELECTOR, TOO_LARGE, BAD_CHECKPOINT)
+UNSHARED_SLICE = "unshared-gpu-slice"
+PROBLEMS = (UNREADABLE, UNKNOWN_RESOURCE, UNMET_SELECTOR, TOO_LARGE, BAD_CHECKPOINT, UNSHARED_SLICE)
+# counted from the first reading that meets one: a cluster whose GPUs nobody shares (nor asks
+# a slice of) keeps the counts it always had
+COUNTED_ONCE_SEEN = frozenset({UNSHARED_SLICE})
 
 Unmet = Callable[[Pod], str | None]
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Where slices of shared GPUs can be had: every pool joining the cluster's
+    ``gpu_sharing`` (None where its GPUs are not shared; ``pools`` None: the pools are not
+    known, and no slice is judged unmet), and, asked only when no pool offers a slice, how
+    the on-prem nodes share theirs."""
+
+    pools: Sequence[GpuSharing | None] | None = None
+    onprem: Callable[[], Sequence[GpuSharing]] = lambda: ()
+
+    def hosts(self, wanted: Slice) -> list[GpuSharing] | None:
+        """The sharings that offer ``wanted``: the pools' that do, else the on-prem nodes';
+        None when nothing is known to judge by."""
+        if self.pools is None:
+            return None
+        found = [s for s in self.pools if s is not None and wanted.hosted_by(s)]
+        return found or [s for s in self.onprem() if wanted.hosted_by(s)]
 
 
 @dataclass
@@ -138,25 +180,31 @@ def _created(obj: Any, times: Times, now: float) -> float:
 
 
 def pending_demand(
-    pods: Iterable[Any], rules: PodRules, unmet: Unmet | None = None, now: float = 0.0
+    pods: Iterable[Any],
+    rules: PodRules,
+    unmet: Unmet | None = None,
+    now: float = 0.0,
+    sharing: Sharing | None = None,
 ) -> Reading:
     """Fold the pods of one list into demand groups; ``unmet`` says why no pool's node can
     meet a pod's node selector (None: one may); ``now`` is when an unreadable pod was made
-    when its own time cannot be read."""
+    when its own time cannot be read; ``sharing``: the pools' and nodes' shared GPUs, which
+    pods asking slices of one are folded against."""
+    sharing = sharing or Sharing()
     reading = Reading()
     times = Times()
     counts: dict[GroupKey, int] = {}
+    slices: dict[GroupKey, Counter[Fraction]] = {}
     oldest: dict[GroupKey, OldestJobs] = {}
     gangs: dict[str, _Gang] = {}
     bound_members: dict[str, int] = {}
 
-    def add(key: GroupKey, job_id: str, created: float) -> None:
+    def add(key: GroupKey, job_id: str, created: float, whole: bool = True) -> None:
         reading.pending += 1
-        if key in counts:
-            counts[key] += 1
+        counts[key] = counts.get(key, 0) + (1 if whole else 0)
+        if key in oldest:
             oldest[key].offer(created, job_id)
         else:
-            counts[key] = 1
             oldest[key] = OldestJobs(created, job_id)
 
     for obj in pods:
@@ -182,11 +230,19 @@ def pending_demand(
         gpus = pod.gpus or pod.other_gpus
         if not gpus:
             continue
+        share: Fraction | None = None  # of one GPU, for a pod asking a slice of a shared one
+        if not pod.gang and (found := _slice_of(obj, pod, rules)) is not None:
+            wanted, pod = found
+            share, pod = _share(pod, wanted, sharing, reading)
+            if share >= 1:
+                gpus, share = math.ceil(share), None
+                pod = replace(pod, gpus=gpus)
         if pod.other_resource:
             reading.said(UNKNOWN_RESOURCE, f"pod {pod.id} asks for {pod.other_resource}")
         elif unmet is not None and (why := unmet(pod)) is not None:
             reading.said(UNMET_SELECTOR, f"pod {pod.id} needs {why}, which no pool's nodes carry")
             pod = replace(pod, gpu_models=(one_line(why, MODEL_SHOWN),))
+            gpus, share = max(1, gpus if share is None else 1), None
         if gpus > MAX_GPUS_PER_NODE:
             reading.said(TOO_LARGE, f"pod {pod.id}: asks {gpus:,} GPUs of one node")
             continue
@@ -197,6 +253,11 @@ def pending_demand(
             )
         if pod.gang:
             gangs.setdefault(pod.gang, _Gang()).members.append(pod)
+            continue
+        if share is not None:
+            key = _key(pod, 1, 1, rules.fold_classes)
+            slices.setdefault(key, Counter())[share] += 1
+            add(key, pod.id, pod.created, whole=False)
             continue
         add(_key(pod, gpus, 1, rules.fold_classes), pod.id, pod.created)
     for name, gang in gangs.items():
@@ -224,12 +285,56 @@ def pending_demand(
         )
         add(key, name, first.created)
         reading.pending += len(gang.members) - 1
+    for key, shares in slices.items():
+        asked = [(None, counts[key]), *((share, n) for share, n in shares.items())]
+        counts[key] = whole_gpus(asked, sharing.pools or ())
     reading.groups = groups_from_counts(
         counts,
         {k: v.submitted() for k, v in oldest.items()},
         {k: v.ids() for k, v in oldest.items()},
     )
     return reading
+
+
+def _slice_of(obj: Any, pod: Pod, rules: PodRules) -> tuple[Slice, Pod] | None:
+    """The slice of a shared GPU the pod asks, and the pod with the GPU model its node
+    selector names as the pools name it (a shared GPU's product says how it is shared:
+    ``A100-SXM4-40GB-MIG-1g.5gb``); None when it asks whole GPUs."""
+    needs = pod.needs
+    if not pod.gpus:
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        try:
+            needs = node_needs(spec) if isinstance(spec, dict) else NodeNeeds()
+        except BadPodError:
+            needs = NodeNeeds()
+    wanted = pod_slice(pod.gpus, pod.other_resource, pod.other_gpus, needs)
+    if wanted is None:
+        return None
+    models, memory = wanted_gpus(needs, rules)
+    models = tuple(rules.gpu_models.get(product_model(m), product_model(m)) for m in models)
+    return wanted, replace(
+        pod, gpu_models=models, min_gpu_memory_gib=memory, needs=needs, other_resource=None
+    )
+
+
+def _share(pod: Pod, wanted: Slice, sharing: Sharing, reading: Reading) -> tuple[Fraction, Pod]:
+    """The share of one GPU the pod's slice is, against the GPUs that offer it, and the pod.
+    Where none does, a whole GPU of a model no pool offers (said as ``unshared-gpu-slice``):
+    demand that cannot be met, never none; where nothing is known to judge by, a time-slicing
+    pod's replicas are unknown and it counts a whole GPU."""
+    hosts = sharing.hosts(wanted)
+    if hosts is not None and not hosts:
+        reading.said(
+            UNSHARED_SLICE,
+            f"pod {pod.id} asks a slice of {wanted.describe()}, which no pool's gpu_sharing "
+            "and no on-prem node offers",
+        )
+        return Fraction(1), replace(
+            pod, gpu_models=(one_line(f"a slice of {wanted.describe()}", MODEL_SHOWN),)
+        )
+    replicas = [s.replicas for s in hosts or () if s.mode is SharingMode.TIME_SLICING]
+    share = wanted.share(min((r for r in replicas if r), default=None))
+    return (share if share is not None else Fraction(1)), pod
 
 
 def _key(pod: Pod, gpus: int, nodes: int, fold_classes: bool) -> GroupKey:

@@ -12,12 +12,21 @@ as fully allocated, so a node running work the reader did not understand is neve
 empty and scaled down under it. A managed node that cannot be read fails the reading (its
 instance would otherwise look unregistered and be replaced); another node that cannot be read
 is left out and named.
+
+Shared GPUs (time-slicing, MIG; ``autoscaler.sources.kubernetes.slices`` says how the GPU
+operator advertises them) count as the GPUs they are: a node's ``gpus`` is its physical GPUs,
+not its replicas or MIG instances; its allocated GPUs are as many as its bound pods' slices could
+sit on (every replica on a GPU of its own, at most the node's), so a node holding slices is
+never taken for emptier than it is; and a cloud node also says the GPUs' worth its pods' slices
+add up to (``NodeUsage.gpus_held``), which consolidation judges an underused node by.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from autoscaler.model import OnPremNode
@@ -35,8 +44,13 @@ from autoscaler.sources.kubernetes.pods import (
     ident,
     one_line,
     read_pod,
-    requested,
     shown,
+)
+from autoscaler.sources.kubernetes.slices import (
+    NodeSharing,
+    is_slice_resource,
+    node_sharing,
+    product_model,
 )
 from autoscaler.sources.kubernetes_join import (
     GPU_MODEL_LABEL,
@@ -68,6 +82,7 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     resource_version: str = ""
+    sharing: NodeSharing = field(default_factory=lambda: NodeSharing(0))
 
     @property
     def market(self) -> str | None:
@@ -104,11 +119,13 @@ def read_node(obj: Any, rules: PodRules) -> Node:
             raise BadPodError("metadata has no name")
         labels = as_strings(meta.get("labels"), "metadata.labels")
         allocatable = as_mapping(status.get("allocatable"), "status.allocatable")
-        gpus = sum(
-            as_count(allocatable[r], f"status.allocatable {r}")
-            for r in rules.gpu_resources
-            if r in allocatable
-        )
+        extended = {
+            r: as_count(q, f"status.allocatable {r}")
+            for r, q in allocatable.items()
+            if r in rules.gpu_resources or is_slice_resource(r)
+        }
+        sharing = node_sharing(labels, extended, rules.gpu_resources)
+        gpus = sharing.gpus
         if gpus > MAX_GPUS_PER_NODE:
             raise BadPodError(f"status.allocatable: {gpus:,} GPUs on one node")
         provider = spec.get("providerID")
@@ -137,6 +154,7 @@ def read_node(obj: Any, rules: PodRules) -> Node:
         labels=labels,
         taints=taints,
         resource_version=str(meta.get("resourceVersion") or ""),
+        sharing=sharing,
     )
 
 
@@ -144,7 +162,10 @@ def _node_model(labels: Mapping[str, str], rules: PodRules) -> str | None:
     for key in (*rules.model_labels, GPU_MODEL_LABEL):
         value = labels.get(key)
         if value:
-            return rules.gpu_models.get(value, value)
+            # a shared GPU's product says how it is shared (``-SHARED``, ``-MIG-1g.5gb``)
+            return rules.gpu_models.get(value) or rules.gpu_models.get(
+                product_model(value), product_model(value)
+            )
     for key in rules.instance_type_labels:
         value = labels.get(key)
         if value and value in rules.instance_type_models:
@@ -191,12 +212,35 @@ class Nodes:
         return next((n for n in self.by_name.values() if n.key == key), found)
 
 
+def gpu_units(spec: Mapping[str, Any], rules: PodRules) -> dict[str, int]:
+    """The units of each GPU resource a pod asks (the counted ones and the slices of shared
+    GPUs), as the scheduler sums them: requests, else limits; the containers' sum or the
+    largest init container's, whichever is more."""
+    totals: dict[str, int] = {}
+    for kind, combine in (("containers", False), ("initContainers", True)):
+        for index, container in enumerate(as_list(spec.get(kind), f"spec.{kind}")):
+            where = f"spec.{kind}[{index}].resources"
+            resources = as_mapping(
+                as_mapping(container, f"spec.{kind}[{index}]").get("resources"), where
+            )
+            asked = {
+                **as_mapping(resources.get("limits"), f"{where}.limits"),
+                **as_mapping(resources.get("requests"), f"{where}.requests"),
+            }
+            for resource, quantity in asked.items():
+                if resource in rules.gpu_resources or is_slice_resource(resource):
+                    count = as_count(quantity, f"{where} {resource}")
+                    previous = totals.get(resource, 0)
+                    totals[resource] = max(previous, count) if combine else previous + count
+    return {r: n for r, n in totals.items() if n}
+
+
 @dataclass
 class Allocation:
-    """GPUs the bound, unfinished pods request of each node; nodes with a pod that could not be
-    read count as fully allocated."""
+    """The GPU resources the bound, unfinished pods request of each node (resource -> units);
+    nodes with a pod that could not be read count as fully allocated."""
 
-    gpus: dict[str, int] = field(default_factory=dict)
+    units: dict[str, dict[str, int]] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -213,18 +257,31 @@ class Allocation:
             if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
                 continue
             try:
-                gpus = requested(spec, rules)[0]
+                asked = gpu_units(spec, rules)
             except BadPodError as exc:
                 found.unreadable.setdefault(node, one_line(f"pod {ident(obj)}: {exc}"))
                 continue
-            if gpus:
-                found.gpus[node] = found.gpus.get(node, 0) + gpus
+            if asked:
+                mine = found.units.setdefault(node, {})
+                for resource, units in asked.items():
+                    mine[resource] = mine.get(resource, 0) + units
         return found
 
-    def on(self, node: Node) -> int:
+    def held(self, node: Node) -> tuple[int, Fraction]:
+        """(GPUs allocated, GPUs' worth held) on ``node``: a whole GPU per counted unit where
+        GPUs are not shared; where they are, the GPUs the slices could sit on and what they add
+        up to."""
         if node.name in self.unreadable:
-            return max(node.gpus, 1)
-        return self.gpus.get(node.name, 0)
+            return max(node.gpus, 1), Fraction(max(node.gpus, 1))
+        asked = self.units.get(node.name, {})
+        if not node.sharing.shared:
+            used = sum(asked.values())
+            return used, Fraction(used)
+        worth, pieces = node.sharing.held(asked)
+        return pieces, worth
+
+    def on(self, node: Node) -> int:
+        return self.held(node)[0]
 
 
 def node_reading(
@@ -236,12 +293,16 @@ def node_reading(
     cloud: dict[str, NodeUsage] = {}
     still_empty: dict[str, float] = {}
     for node in nodes.by_name.values():
-        used = allocation.on(node)
+        used, worth = allocation.held(node)
         if node.managed:
             since = None
             if used == 0:
                 since = still_empty[node.key] = empty_since.get(node.key, now)
-            cloud[node.key] = NodeUsage(gpus_allocated=used, empty_since=since)
+            cloud[node.key] = NodeUsage(
+                gpus_allocated=used,
+                empty_since=since,
+                gpus_held=float(worth) if node.sharing.shared else None,
+            )
         elif node.gpus > 0:
             onprem.append(
                 OnPremNode.model_construct(
@@ -265,7 +326,7 @@ def running_jobs(
     a pod that cannot be read is named in the problems. A gang's pods are each a job of the
     gang's size in nodes."""
     times = Times()
-    found: list[Pod] = []
+    found: list[tuple[Pod, dict[str, int]]] = []
     bad: list[str] = []
     for obj in pods:
         spec = obj.get("spec") if isinstance(obj, dict) else None
@@ -273,25 +334,28 @@ def running_jobs(
             continue
         try:
             pod = read_pod(obj, rules, times)
+            units = gpu_units(spec, rules)
         except BadPodError as exc:
             bad.append(one_line(f"pod {ident(obj)}: {exc}"))
             continue
-        if pod.gpus and not pod.finished and not pod.daemon:
-            found.append(pod)
+        if units and not pod.finished and not pod.daemon:
+            found.append((pod, units))
     sizes: dict[str, int] = {}
-    for pod in found:
+    for pod, _ in found:
         if pod.gang:
             sizes[pod.gang] = sizes.get(pod.gang, 0) + 1
     by_node: dict[str, list[RunningJob]] = {}
-    for pod in found:
+    for pod, units in found:
         assert pod.node is not None
         known = nodes.by_name.get(pod.node)
         key = known.key if known is not None else pod.node
+        gpus, share = _held_by(pod, units, known)
         by_node.setdefault(key, []).append(
             RunningJob(
                 id=pod.id,
                 node=key,
-                gpus=pod.gpus,
+                gpus=gpus,
+                gpu_share=share,
                 started_at=pod.started if pod.started is not None else pod.created,
                 checkpoint_interval_s=pod.checkpointing.interval_s,
                 checkpoint_duration_s=pod.checkpointing.duration_s,
@@ -306,6 +370,18 @@ def running_jobs(
             )
         )
     return by_node, bad
+
+
+def _held_by(pod: Pod, units: Mapping[str, int], node: Node | None) -> tuple[int, float | None]:
+    """(``RunningJob.gpus``, ``gpu_share``) of a bound pod: on a node of shared GPUs, a pod
+    holding less than a GPU's worth of slices is a job of 1 GPU holding that share (as the
+    simulator reports a fractional job); more, the GPUs its slices add up to, rounded up."""
+    if node is None or not node.sharing.shared:
+        return max(pod.gpus, 1), None
+    worth, _ = node.sharing.held(units)
+    if worth < 1:
+        return 1, float(worth)
+    return math.ceil(worth), None
 
 
 def workload(pods: Sequence[Any], rules: PodRules) -> tuple[list[Pod], list[str]]:
