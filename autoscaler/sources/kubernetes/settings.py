@@ -74,8 +74,10 @@ class KubernetesSettings(KubernetesJoinSettings):
     )
     extra_gpu_resources: list[str] = Field(
         default_factory=list,
-        description=f"extended resources counted as GPUs besides {GPU_RESOURCE} "
-        "(nvidia.com/mig-3g.40gb, a renamed time-sliced resource)",
+        description=f"extended resources counted as whole GPUs besides {GPU_RESOURCE}. Slices "
+        "of shared GPUs (nvidia.com/gpu.shared, nvidia.com/mig-<profile>) are read as slices "
+        "without it (docs/fractional-gpus.md, 'Live: Kubernetes'); one listed here counts a "
+        "unit as a whole GPU, as before slices were read",
     )
     gpu_models: dict[str, str] = Field(
         default_factory=dict,
