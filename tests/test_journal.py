@@ -377,7 +377,7 @@ def test_a_journal_written_by_schema_version_1_opens_and_is_brought_up_to_date(
             "SELECT value FROM journal_meta WHERE key = 'schema_version'"
         ).fetchone()
     db.close()
-    assert version == str(SCHEMA_VERSION) == "3"
+    assert version == str(SCHEMA_VERSION) == "4"
     _check_upgraded(journal)
     journal.close()
     again = open_sqlite(path)  # a second opening has nothing left to do

@@ -6,12 +6,13 @@ the fleet's: an instance is charged from when it was last charged (from its laun
 time, from the month's start across a month's turn) to now, while its state is billed.
 
 Across a restart it is recovered from the journal, as the fleet's month spend is for
-``max_cost_per_month``: the journal's billed rows are per instance (``instance_costs``), and the
-instance's own cloud tag says whom it was bought for (``Instance.team``, kept by the instance
-table on adoption). Each instance's journaled dollars of the month count for its team once the
-table knows its team, and it is charged in memory only from when the journal last billed it,
-so nothing is counted twice. An instance that ended before the restart is no longer listed, so
-its team is not known and its dollars count for no team (docs/teams.md says so).
+``max_cost_per_month``: the journal's billed rows are per instance and month
+(``instance_costs``), and since schema version 4 each row keeps whom its instance was bought
+for, so a team's month is the sum of its rows, instances that ended before the restart
+included. A row without a team (written before version 4) falls back to the team the live
+instance's own cloud tag names (``Instance.team``, kept by the instance table on adoption),
+counted once the table knows it; an instance neither says counts for no team. A live instance
+is charged in memory only from when the journal last billed it, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class JournaledCost(Protocol):
     @property
     def usd(self) -> float: ...
 
+    @property
+    def team(self) -> str | None: ...
+
 
 def month_start(now: float) -> tuple[str, float]:
     """The calendar month (UTC) ``now`` falls in, and when it began."""
@@ -56,12 +60,17 @@ class TeamSpend:
         self._month: str | None = None
         self._usd: dict[str, float] = {}
         self._since: dict[str, float] = {}
+        # every instance charged in memory this month: its own charge covers its month
+        self._charged: set[str] = set()
         # the month whose journal rows were read (None: not yet), whether the last read failed,
-        # and the journaled (dollars, last billed) of instances whose team is not known yet
+        # and the journaled (dollars, last billed) of rows without a team whose instance's tag
+        # is not known yet
         self._recovered: str | None = None
         self._unread = False
         self._journaled: dict[str, tuple[float, float]] = {}
         self._journal_since: dict[str, float] = {}  # counted: charge in memory from here
+        # the team a journal row names, for a live instance whose record lost it (no tag)
+        self._row_team: dict[str, str] = {}
 
     def wants_journal(self, now: float) -> bool:
         """Whether ``now``'s month has not been read from the journal yet (a fresh start, a
@@ -77,12 +86,16 @@ class TeamSpend:
             return
         month, _ = month_start(now)
         self._roll(month)
-        charged = set(self._since)
-        self._journaled = {
-            r.instance_id: (r.usd, r.last_at)
-            for r in rows
-            if r.month == month and r.instance_id not in charged
-        }
+        self._journaled = {}
+        for r in rows:
+            if r.month != month or r.instance_id in self._charged:
+                continue
+            if r.team is None:  # written before schema 4: the live instance's tag may say
+                self._journaled[r.instance_id] = (r.usd, r.last_at)
+                continue
+            self._usd[r.team] = self._usd.get(r.team, 0.0) + r.usd
+            self._journal_since[r.instance_id] = r.last_at
+            self._row_team[r.instance_id] = r.team
         self._recovered = month
         self._unread = False
 
@@ -95,7 +108,7 @@ class TeamSpend:
         prices = {p.pool.name: p.price.price_per_hour for p in view.pools if p.price is not None}
         billed: dict[str, float] = {}
         for node in view.instances:
-            team = owners.get(node.instance_id)
+            team = owners.get(node.instance_id) or self._row_team.get(node.instance_id)
             price = prices.get(node.pool)
             if team is None or price is None or node.state not in BILLED_STATES:
                 continue
@@ -107,9 +120,12 @@ class TeamSpend:
             self._usd[team] = self._usd.get(team, 0.0) + price * hours
             billed[node.instance_id] = max(since, view.now)
         self._since = billed
+        self._charged.update(billed)
         if self._journal_since:
             self._journal_since = {
-                i: at for i, at in self._journal_since.items() if owners.get(i) is not None
+                i: at
+                for i, at in self._journal_since.items()
+                if owners.get(i) is not None or i in self._row_team
             }
 
     def month(self, now: float) -> dict[str, float] | None:
@@ -123,8 +139,11 @@ class TeamSpend:
 
     def _roll(self, month: str) -> None:
         if month != self._month:
+            # a row's team outlives its month for the instances still billed
+            self._row_team = {i: t for i, t in self._row_team.items() if i in self._since}
             self._month = month
             self._usd = {}
+            self._charged = set()
             self._journaled = {}
             self._journal_since = {}
 

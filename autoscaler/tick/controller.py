@@ -333,7 +333,7 @@ class Controller:
         owners = self.fleet.table.teams()
         spend = self.fleet.team_spend
         if self.journal is not None and spend.wants_journal(view.now):
-            try:  # after a restart: the month so far, by the instances' team tags
+            try:  # after a restart: the month so far, by each cost row's team (else its tag)
                 spend.recover(self.journal.spend(since=month_start(view.now)[1]), view.now)
             except JournalError as exc:
                 log.error("the teams' month spend could not be read from the journal: %s", exc)
@@ -384,6 +384,7 @@ class Controller:
                     node.gpus,
                     price.price_per_hour,
                     node.launched_at,
+                    record.team,  # kept on its cost rows: the teams' month is the journal's sum
                 )
             )
         return billed

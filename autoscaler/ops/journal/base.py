@@ -47,6 +47,7 @@ from autoscaler.ops.journal.rows import (
     MonthCost,
     RowError,
     Serial1,
+    TeamCostsRow,
     TeamUsageRow,
     TicksRow,
     Time1,
@@ -75,7 +76,7 @@ COLUMNS = {
     "ticks": rows.columns(TicksRow),
     "actions": "incarnation, " + rows.columns(ActionsRow),
     "cloud_calls": rows.columns(CallsRow),
-    "instance_costs": rows.columns(CostsRow) + ", usd_micros, gpu_ms",
+    "instance_costs": rows.columns(CostsRow) + ", usd_micros, gpu_ms, team",
     "onprem_idle": rows.columns(IdleRow),
     "team_usage": rows.columns(TeamUsageRow),
 }
@@ -116,11 +117,14 @@ class SpendRow:
     last_at: float
     usd: float
     gpu_hours: float
+    # whom the instance was bought for (None: no team, or a row written before schema 4)
+    team: str | None = None
 
 
 class Billed(NamedTuple):
     """An instance the cloud bills for at this tick, at its pool's price now (a tuple: a tick
-    makes one per instance)."""
+    makes one per instance), and whom it was bought for (``InstanceRecord.team``; None: no
+    team), which its cost row keeps."""
 
     instance_id: str
     provider: str
@@ -128,6 +132,7 @@ class Billed(NamedTuple):
     gpus: int
     price_per_hour: float
     launched_at: float
+    team: str | None = None
 
 
 @dataclass(frozen=True)
@@ -637,18 +642,22 @@ class Journal:
                     node.gpus * hours,
                     amount.usd_micros,
                     amount.gpu_ms,
+                    node.team,
                 )
             )
         if pending:
             self._exec_many(
                 "INSERT INTO instance_costs (instance_id, month, provider, pool, gpus, first_at, "
-                "last_at, usd, gpu_hours, usd_micros, gpu_ms) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "last_at, usd, gpu_hours, usd_micros, gpu_ms, team) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (instance_id, month) DO UPDATE SET last_at = excluded.last_at, "
                 "usd = instance_costs.usd + excluded.usd, "
                 "gpu_hours = instance_costs.gpu_hours + excluded.gpu_hours, "
                 "usd_micros = COALESCE(instance_costs.usd_micros, 0) + excluded.usd_micros, "
-                "gpu_ms = COALESCE(instance_costs.gpu_ms, 0) + excluded.gpu_ms",
+                "gpu_ms = COALESCE(instance_costs.gpu_ms, 0) + excluded.gpu_ms, "
+                # the first team a row is written with stays: whom the instance was bought for
+                # does not change, and a restart that lost it (no tag) does not erase it
+                "team = COALESCE(instance_costs.team, excluded.team)",
                 pending,
             )
         for row in pending:
@@ -714,10 +723,12 @@ class Journal:
         ]
 
     def spend(self, since: float | None = None, until: float | None = None) -> list[SpendRow]:
+        """Each instance-month's cost row overlapping the period, with whom the instance was
+        bought for (None: no team, or a row written before schema version 4)."""
         found = self._select(
-            CostsRow,
+            TeamCostsRow,
             "instance_costs",
-            f"SELECT {rows.columns(CostsRow)} FROM instance_costs "
+            f"SELECT {rows.columns(TeamCostsRow)} FROM instance_costs "
             f"WHERE (last_at >= %s AND first_at <= %s) OR {rows.insane_time('first_at')} "
             f"OR {rows.insane_time('last_at')} ORDER BY first_at",
             _period(since, until),

@@ -171,6 +171,22 @@ class CostsRow(NamedTuple):
     gpu_hours: Hours
 
 
+class TeamCostsRow(NamedTuple):
+    """An instance-month's cost with whom the instance was bought for (schema version 4; NULL:
+    no team, or a row written before it): what the teams' month spend is summed from."""
+
+    instance_id: Name
+    month: Month
+    provider: Name
+    pool: Name
+    gpus: Count
+    first_at: Time
+    last_at: Time
+    usd: Usd
+    gpu_hours: Hours
+    team: Name | None
+
+
 class IdleRow(NamedTuple):
     """GPU-seconds on-prem GPUs were allocated on a node that read idle, summed per node and
     day (UTC) over the span ``first_at`` to ``last_at`` of the ticks that counted them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class AddColumn(NamedTuple):
@@ -33,6 +33,10 @@ MIGRATIONS: dict[int, tuple[AddColumn, ...]] = {
         AddColumn("instance_costs", "usd_micros", "BIGINT"),
         AddColumn("instance_costs", "gpu_ms", "BIGINT"),
     ),
+    # 4: whom each instance was bought for (``InstanceRecord.team``) on its cost rows, so a
+    # team's month spend is the journal's own sum, instances that ended before a restart
+    # included (NULL: no team, or a row written before version 4)
+    4: (AddColumn("instance_costs", "team", "TEXT"),),
 }
 
 TABLES = (
@@ -101,6 +105,7 @@ TABLES = (
         gpu_hours DOUBLE PRECISION NOT NULL,
         usd_micros BIGINT,
         gpu_ms BIGINT,
+        team TEXT,
         PRIMARY KEY (instance_id, month)
     )""",
     "CREATE INDEX IF NOT EXISTS instance_costs_month ON instance_costs (month)",
