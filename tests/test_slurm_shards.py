@@ -33,7 +33,9 @@ from slurm_cluster import (
 )
 from waits import bound
 
+from autoscaler.app.assembly import joined_pools
 from autoscaler.model import DemandGroup, Market, Pool
+from autoscaler.model.config import ControllerConfig
 from autoscaler.model.errors import InputError, SourceError
 from autoscaler.model.sharing import GpuSharing, SharingMode
 from autoscaler.sources.slurm import SlurmAdapter
@@ -58,17 +60,17 @@ JOIN_SCRIPT = Path(__file__).resolve().parent.parent / "autoscaler/data/slurm/jo
 SHARDS_PER_GPU = 8
 
 PLAIN = Pool(
-    name="aws-g5",
+    name="aws-p4d",
     provider="aws",
     region="us-east-1",
-    instance_type="g5.12xlarge",
-    gpus_per_instance=4,
+    instance_type="p4d.24xlarge",
+    gpus_per_instance=8,
     gpu_model="A100",
     market=Market.ON_DEMAND,
 )
 SLICED = PLAIN.model_copy(
     update={
-        "name": "aws-g5-sliced",
+        "name": "aws-p4d-sliced",
         "gpu_sharing": GpuSharing(mode=SharingMode.TIME_SLICING, replicas=4),
     }
 )
@@ -326,6 +328,28 @@ def test_a_time_sliced_pool_joins_with_its_replicas_as_shards(tmp_path: Path) ->
         SlurmAdapter.from_config(
             {"join_user_data": True, "join_environment": {"GPU_AUTOSCALER_SHARDS": "4"}}, "hpc"
         )
+
+
+def _hosts(slurm: SlurmAdapter) -> tuple[GpuSharing, ...] | None:
+    return slurm.rules.shard_pools
+
+
+def test_the_assembly_tells_the_adapter_which_pools_have_shards() -> None:
+    """The config's pools reach the adapter (``KnowsPools``) and each time-slicing pool's boot
+    script joins its nodes with shards; a pool that does not join Slurm has none for it."""
+    workers = SLICED.model_copy(update={"name": "workers", "joins_scheduler": False})
+    config = ControllerConfig(fleet_id="shards", pools=(SLICED, PLAIN, MIG, workers))
+    slurm = SlurmAdapter.from_config({"join_user_data": True}, "hpc")
+    scripts = {p.name: p.user_data or "" for p in joined_pools(config, slurm)}
+    assert _hosts(slurm) == (SLICED.gpu_sharing,)
+    assert "export GPU_AUTOSCALER_SHARDS=4\n" in scripts["aws-p4d-sliced"]
+    assert not any(
+        "export GPU_AUTOSCALER_SHARDS" in scripts[name]
+        for name in ("aws-p4d", "aws-p4d-mig", "workers")
+    )
+    only_plain = ControllerConfig(fleet_id="shards", pools=(PLAIN, workers))
+    joined_pools(only_plain, slurm)
+    assert _hosts(slurm) == ()
 
 
 # -- a real Slurm with shards --------------------------------------------------------------------
