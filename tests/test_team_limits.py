@@ -306,7 +306,10 @@ def test_a_fallback_in_act_stays_within_the_teams_limit() -> None:
     assert fallbacks_for(intents.fallbacks, "b").admit_launch(view.pool_by_name["other"], 4) == 4
 
 
-def test_the_table_remembers_whom_an_instance_was_bought_for_and_not_after_a_restart() -> None:
+def test_the_table_keeps_a_launchs_team_and_after_a_restart_the_one_its_tag_names() -> None:
+    """The launch's team is the record's; a restart rebuilds the table from the listing, so an
+    instance comes back with the team its cloud tag names, and with none when it has no tag
+    (launched before team tags existed, or the tag removed)."""
     instance = Instance(
         id="i-1",
         pool="one",
@@ -321,8 +324,9 @@ def test_the_table_remembers_whom_an_instance_was_bought_for_and_not_after_a_res
     assert record is not None and record.team == "a"
     assert table.teams() == {"i-1": "a"}
     rebuilt = InstanceTable()  # a restart: the table is rebuilt from the clouds' listing
-    rebuilt.sync([("fake", instance)], 2.0, {"fake"})
-    assert rebuilt.teams() == {"i-1": None}
+    tagged = instance.model_copy(update={"id": "i-2", "team": "a"})
+    rebuilt.sync([("fake", instance), ("fake", tagged)], 2.0, {"fake"})
+    assert rebuilt.teams() == {"i-1": None, "i-2": "a"}, "untagged: no team; tagged: its tag's"
 
 
 def test_team_spend_accrues_what_each_teams_billed_instances_cost_this_month() -> None:
