@@ -358,6 +358,7 @@ def _check_upgraded(journal: Journal) -> None:
     (old,) = journal.ticks()
     assert (old.incarnation, old.pending_gpus, old.onprem_idle_gpu_s) == ("old", 2, None)
     assert [r.usd for r in journal.spend()] == [3.0]
+    assert [r.team for r in journal.spend()] == [None], "written before teams: no team"
     journal.record_tick(_idle_entry(1, DAY0 + 60, (IdleNode("n1", 2, DAY0),)), [], [])
     journal.record_tick(_idle_entry(2, DAY0 + 120, (IdleNode("n1", 2, DAY0),)), [], [])
     assert [x.onprem_idle_gpu_s for x in journal.ticks()] == [None, 0.0, 120.0]
