@@ -180,6 +180,24 @@ def test_a_slice_holder_runs_as_a_one_gpu_job(k8s_api: K8sApi, source: Kubernete
     assert [(j.gpus, j.gpu_share, j.gpus_held) for j in jobs["onprem-whole"]] == [(2, None, 2.0)]
 
 
+def test_a_drain_leaves_slice_holders_as_it_leaves_gpu_pods(
+    k8s_api: K8sApi, source: KubernetesSource
+) -> None:
+    k8s_api.put("nodes", mig_mixed("i-0mig", 1, {"1g.5gb": 7}))
+    made = k8s_api.get("nodes", "i-0mig")
+    assert made is not None
+    made["metadata"]["labels"].update(OURS)
+    made["spec"]["providerID"] = "aws:///a/i-0mig"
+    k8s_api.put("nodes", made)
+    k8s_api.put("pods", slice_pod("sliver", 1, "nvidia.com/mig-1g.5gb"))
+    k8s_api.put("pods", pod("web"))
+    assert sorted(schedule(k8s_api)) == ["default/sliver", "default/web"]
+    assert source.drain("i-0mig", "scale-down") == 2  # the slice holder, and web until gone
+    left = sorted(p["metadata"]["name"] for p in k8s_api.items("pods"))
+    assert left == ["sliver"]
+    assert source.read_nodes(next(TICKS)).cloud["i-0mig"].gpus_held == pytest.approx(1 / 7)
+
+
 # -- demand --------------------------------------------------------------------------------------
 
 

@@ -369,7 +369,9 @@ class KubernetesSource:
         return found
 
     def drain(self, node: str, reason: str) -> int:
-        """Cordon the node and evict the pods on it that hold no GPU (through the Eviction API:
+        """Cordon the node and evict the pods on it that hold no GPU nor a slice of one
+        (``nvidia.com/gpu.shared``, ``nvidia.com/mig-…``: a slice holder is work on a GPU, left
+        to finish or checkpoint like any GPU pod) (through the Eviction API:
         a PodDisruptionBudget that refuses is asked again next tick); returns how many pods
         still run there, GPU pods and pods still terminating included. DaemonSet and mirror
         pods stay, as ``kubectl drain`` leaves them."""
@@ -386,7 +388,7 @@ class KubernetesSource:
             )
         pods, bad = workload(self.api.list_pods_on(found.name), self.rules)
         for pod in pods:
-            if pod.gpus or pod.terminating:
+            if pod.gpus or pod.other_gpus or pod.terminating:
                 continue
             refused = self.api.evict_pod(pod.namespace, pod.name)
             if refused is not None:
