@@ -172,6 +172,19 @@ def test_the_evacuator_keeps_the_bound() -> None:
 # -- replayed through the controller -----------------------------------------------------------
 
 
+def side_by_side(nodes: Sequence[int], jobs: Sequence[int]) -> bool:
+    """Whether single-node jobs of these sizes all fit on nodes of these sizes at once."""
+    if not jobs:
+        return True
+    first, rest = jobs[0], jobs[1:]
+    for i, free in enumerate(nodes):
+        if free >= first:
+            left = [*nodes[:i], free - first, *nodes[i + 1 :]]
+            if side_by_side(left, rest):
+                return True
+    return False
+
+
 @st.composite
 def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     nodes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
@@ -183,15 +196,18 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     for n, gpus in enumerate(nodes):
         for k in range(gpus):
             rows.append(row(f"l{n}-{k}", 0, 20_000, 1, "lender", draw(st.integers(0, 1))))
-    # the owner's jobs, of one shape and within its guarantee together, arrive once the fleet is
-    # full: a borrower requeued for one may take the room freed for the next (the scheduler
-    # orders by age, not guarantees), which the rule must see and free again. (Jobs of two
-    # shapes freed for in one tick may be placed on each other's room: docs/teams.md.)
-    gpus = draw(st.integers(1, min(guarantee, max(nodes))))
-    # no more than the guarantee holds, nor than the nodes can host side by side (a 4-GPU job
-    # has only the 4-GPU nodes, whatever the team is guaranteed)
-    fits = sum(size // gpus for size in nodes)
-    for n in range(min(draw(st.integers(1, 3)), guarantee // gpus, fits)):
+    # the owner's jobs, of any shapes, within its guarantee together and no more than the
+    # nodes can host side by side (a 4-GPU job has only the 4-GPU nodes, whatever the team is
+    # guaranteed), arrive once the fleet is full: a borrower requeued for one may take the room
+    # freed for the next (the scheduler orders by age, not guarantees), which the rule must see
+    # and free again; and room freed in one tick for two shapes is kept for each, the job it
+    # was made for bound to its node while the hold stands.
+    owners: list[int] = []
+    for n in range(draw(st.integers(1, 3))):
+        gpus = draw(st.integers(1, min(guarantee, max(nodes))))
+        if sum(owners) + gpus > guarantee or not side_by_side(nodes, [*owners, gpus]):
+            break
+        owners.append(gpus)
         submit = draw(st.integers(300, 6_000))
         rows.append(row(f"o{n}", submit, 3_000, gpus, "owner", draw(st.integers(0, 1))))
     return nodes, guarantee, reclaim_within, rows
@@ -203,6 +219,26 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], int, float, list[str]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=fleets())
+@example(  # two shapes in one tick: the 1-GPU job on a 3-GPU node, leaving the 4-GPU one
+    case=(
+        [4, 3, 3],
+        5,
+        300.0,
+        [row(f"l{n}", 0, 20_000, 1, "lender", 0) for n in range(10)]
+        + [row("o0", 300, 3_000, 1, "owner", 0), row("o1", 300, 3_000, 4, "owner", 0)],
+    )
+)
+@example(  # o1 starts in part of o0's room before its own movers have checkpointed: o0 bound
+    # to a node o1 holds is freed for again elsewhere, and n1, freed for o1 that needs it no
+    # longer, is not held (for 1,800 s) for it
+    case=(
+        [3, 3],
+        5,
+        300.0,
+        [row(f"l{n}", 0, 20_000, 1, "lender", f) for n, f in enumerate((0, 0, 1, 0, 1, 1))]
+        + [row("o0", 302, 3_000, 3, "owner", 0), row("o1", 304, 3_000, 2, "owner", 0)],
+    )
+)
 @example(  # a 4-GPU owner job whose only possible node, the 4-GPU one, the lender fills
     case=(
         [1, 3, 4],

@@ -941,6 +941,63 @@ def test_a_moved_job_checkpoints_is_requeued_and_stays_off_the_node(
     assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
 
 
+def test_the_job_room_is_made_for_is_bound_to_that_node_while_the_hold_stands(
+    clean: Fleet,
+) -> None:
+    """While the hold made for it stands, the pending job room was made for is bound to the
+    node (its ReqNodeList): room coming free on another node is left to others (here a
+    younger job takes it) and the job starts in the room made for it; once it has started and
+    is requeued, its own (empty) ReqNodeList is given back."""
+    cluster = clean.cluster
+    slurm = clean.adapter(move_hold_s=600)
+    placement = CostAwarePolicy().placement
+    filler = cluster.sbatch("-p", "onprem", "-w", "gpu-b", "--gres=gpu:4", "--wrap", "sleep 600")
+    wait_for("gpu-b to be full", lambda: cluster.job_field(filler, "JobState") == "RUNNING")
+    stayer = cluster.sbatch("-p", "onprem", "-w", "gpu-a", "--gres=gpu:2", "--wrap", "sleep 600")
+    mover = cluster.sbatch(
+        "-p", "onprem", "--gres=gpu:2", "--exclude=i-0spot1", "--wrap", "sleep 600"
+    )
+    wait_for(
+        "gpu-a to be full",
+        lambda: all(cluster.job_field(j, "JobState") == "RUNNING" for j in (stayer, mover)),
+    )
+    owner = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+    slurm.move_off(mover, "gpu-a", owner)
+    assert cluster.job_field(owner, "ReqNodeList") == "gpu-a"
+    assert cluster.job_field(owner, "JobState") == "PENDING"  # gpu-a has 2 GPUs free of 4
+    cluster.run("scancel", filler)
+    probe = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    def probe_started() -> bool:
+        slurm.apply_placement(placement)
+        return cluster.job_field(probe, "JobState") == "RUNNING"
+
+    wait_for("the younger job to take gpu-b, free now", probe_started)
+    assert cluster.job_field(probe, "NodeList") == "gpu-b"
+    assert cluster.job_field(owner, "JobState") == "PENDING", "bound to gpu-a"
+    cluster.run("scancel", stayer)
+
+    def owner_started() -> bool:
+        slurm.apply_placement(placement)
+        return cluster.job_field(owner, "JobState") == "RUNNING"
+
+    wait_for("the owner to start in the room made for it", owner_started)
+    assert cluster.job_field(owner, "NodeList") == "gpu-a"
+
+    def hold_over() -> bool:
+        slurm.apply_placement(placement)
+        return not slurm.held_off()
+
+    wait_for("the hold to end, its work done", hold_over)
+    cluster.run("scontrol", "requeue", owner)
+
+    def given_back() -> bool:
+        slurm.apply_placement(placement)
+        return cluster.job_field(owner, "ReqNodeList") == "(null)"
+
+    wait_for("the owner's own node list back once it is pending", given_back)
+
+
 def test_the_controller_rebalances_on_prem_live(
     clean: Fleet, inbox: tuple[RecordingLedger, str], tmp_path: Path
 ) -> None:

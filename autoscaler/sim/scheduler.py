@@ -19,8 +19,11 @@ declared duration later and is reported to the ledger, as the example job report
 requeues a job, which keeps the work up to its last finished checkpoint. It moves a job off an
 on-prem node for a pending one (``MovesJobsOff``) as the Slurm adapter does: the job is requeued
 and does not start on that node again until the job it made room for has started, or for at
-most ``MOVE_HOLD_S`` (the Slurm adapter's default ``move_hold_s``). It never moves a job by
-itself: on-prem rebalancing is the controller's rule, live and here alike.
+most ``MOVE_HOLD_S`` (the Slurm adapter's default ``move_hold_s``); and the job room was made
+for is bound to the node of its latest standing hold (it starts only there, as the Slurm adapter
+binds it through its ``ReqNodeList``) until it starts or that hold ends, so that room made in
+one tick for jobs of two shapes is not taken by one of them from the other. It never moves a
+job by itself: on-prem rebalancing is the controller's rule, live and here alike.
 """
 
 from __future__ import annotations
@@ -235,6 +238,8 @@ class SimScheduler:
         # by the moved job's seq: a job moved again while held keeps both holds, as Slurm keeps
         # a job's ExcNodeList when it adds the node it leaves
         self._holds: dict[int, list[_Hold]] = {}
+        # by the seq of the job room was made for: its latest hold, the node it is bound to
+        self._bound: dict[int, _Hold] = {}
         # Jobs below this seq were submitted before the placement in force was applied; later
         # ones have not been judged by any placement yet (None: no placement applied so far).
         self._judged_below: int | None = None
@@ -395,17 +400,41 @@ class SimScheduler:
 
     def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue a job running on ``node`` (keeping the work up to its last checkpoint) and keep
-        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed."""
+        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed; meanwhile
+        ``for_job`` is bound to ``node`` (``bound_to``)."""
         job = self._job(job_id)
         if job.node is None or node not in {n.name for n in job.members}:
             raise SourceError(f"move job {job_id} off {node}: it does not run there")
         now = self.clock.now()
         self._interrupt(job, now, moved=True)
-        self._holds.setdefault(job.seq, []).append(_Hold(node, int(for_job), now))
+        target = self._job(for_job)
+        if target.node is not None or target.finished_at is not None:
+            # it started (elsewhere) while this job checkpointed: no hold is left to keep, as
+            # the Slurm adapter ends such a hold at its next tick
+            return
+        hold = _Hold(node, target.seq, now)
+        self._holds.setdefault(job.seq, []).append(hold)
+        self._bound[hold.for_job] = hold
+
+    def bound_to(self, job_id: str) -> str | None:
+        """The node a pending job is bound to: that of the latest standing hold made for it."""
+        return self._bound_node(int(job_id))
+
+    def _bound_node(self, seq: int) -> str | None:
+        hold = self._bound.get(seq)
+        if hold is None:
+            return None
+        if self.clock.now() - hold.since >= MOVE_HOLD_S:
+            del self._bound[seq]
+            return None
+        return hold.node
 
     def held_off(self) -> list[HeldOff]:
         for seq in list(self._holds):
             self._current_holds(seq)
+        for seq in list(self._bound):
+            if self._bound_node(seq) is None:
+                self._dirty = True  # a job no longer bound may start elsewhere now
         return [
             HeldOff(str(seq), h.node, str(h.for_job), h.since)
             for seq, holds in self._holds.items()
@@ -579,14 +608,39 @@ class SimScheduler:
             job = heap[0][1]
             nodes = self._best_fit(job)
             if nodes is None:
-                continue
-            heapq.heappop(heap)
+                if job.seq not in self._bound:
+                    continue
+                behind = self._behind_bound(heap)
+                if behind is None:
+                    continue
+                item, nodes = behind
+                job = item[1]
+                heap.remove(item)
+                heapq.heapify(heap)
+            else:
+                heapq.heappop(heap)
             self._demand_cache = None
             self._start(job, nodes, now)
             started += 1
             if heap and (key[7] is not None or key[0] // key[3] <= self._max_free):
                 heapq.heappush(heads, (self._placed_before(heap[0][1], now), heap[0][0], key))
         return started
+
+    def _behind_bound(
+        self, heap: list[tuple[int, SimJob]]
+    ) -> tuple[tuple[int, SimJob], list[SimNode]] | None:
+        """The first job of a bucket whose head waits for the node it is bound to that can
+        start now, and where: a job bound elsewhere does not hold back the jobs of its shape
+        behind it (Slurm's backfill starts them). The scan stops at the first job that is
+        neither bound nor held off a node, since none of its shape after it fits either."""
+        for item in sorted(heap)[1:]:
+            job = item[1]
+            nodes = self._best_fit(job)
+            if nodes is not None:
+                return item, nodes
+            if job.seq not in self._bound and job.seq not in self._holds:
+                return None
+        return None
 
     def place_by_class(self, classes: Mapping[str, PriorityClass]) -> None:
         """Start pending jobs highest (aged) priority class first, then in FIFO order, as Slurm's
@@ -643,6 +697,9 @@ class SimScheduler:
         shape = job.trace.shape
         avoid = self._current_holds(job.seq) if self._holds else frozenset()
         fraction = job.trace.gpu_fraction if self.shares else None
+        bound = self._bound_node(job.seq) if self._bound and job.trace.nodes == 1 else None
+        if bound is not None:
+            return self._on_bound(job, bound, fraction, avoid)
         for kind in self._tiers(job):
             if fraction is not None and self._shared_nodes[kind]:
                 sliced = self._tightest_slice(kind, shape, fraction, avoid)
@@ -656,6 +713,30 @@ class SimScheduler:
             nodes = self._tightest_many(kind, shape, job.trace.nodes)
             if nodes is not None:
                 return nodes
+        return None
+
+    def _on_bound(
+        self, job: SimJob, name: str, fraction: float | None, avoid: frozenset[str]
+    ) -> list[SimNode] | None:
+        """``job`` on the node it is bound to, when that node has room for it now (the node
+        gone or drained, or of a tier the job may not use, leaves it waiting until the hold
+        ends, as Slurm leaves a job whose ``ReqNodeList`` cannot be met)."""
+        node = self.nodes.get(name)
+        if node is None or node.leaving or name in avoid or node.kind not in self._tiers(job):
+            return None
+        shape = job.trace.shape
+        if fraction is not None and node.shared is not None:
+            slices = node.shared.sharing.slices_for(fraction)
+            if (
+                slices is not None
+                and node.shared.slot(slices) is not None
+                and shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib)
+            ):
+                return [node]
+        if node.free >= shape.gpus and shape.accepts(
+            node.free, node.gpu_model, node.gpu_memory_gib
+        ):
+            return [node]
         return None
 
     def _tightest(
@@ -714,6 +795,7 @@ class SimScheduler:
         return None
 
     def _start(self, job: SimJob, nodes: list[SimNode], now: float) -> None:
+        self._bound.pop(job.seq, None)
         if self._holds:
             for seq, holds in list(self._holds.items()):
                 kept = [h for h in holds if h.for_job != job.seq]

@@ -67,9 +67,11 @@ from autoscaler.sources.slurm_json import (
     shards_by_node,
 )
 from autoscaler.sources.slurm_placement import (
+    Binding,
     Hold,
     QueueIndex,
     Step,
+    binding_steps,
     hold_steps,
     partition_plan,
     requeued_order,
@@ -346,6 +348,8 @@ class SlurmAdapter:
         # each node's shards and GPUs as the last ``sinfo`` said (None: not read yet)
         self._node_shards: dict[str, tuple[int, int]] | None = None
         self._holds: dict[str, Hold] = {}
+        # by the job room was made for: its binding to the node of its latest hold
+        self._bindings: dict[str, Binding] = {}
         # move_off may run on the controller's worker threads while a tick reads the holds.
         self._holds_lock = threading.Lock()
         self._credential: float | None = None
@@ -435,7 +439,7 @@ class SlurmAdapter:
         rules = self.rules
         if NODE_LIMIT_REASON not in rules.ignored_reasons and _QUOTED_NODE_LIMIT in text:
             rules = replace(rules, partition_nodes=self._partition_nodes())
-        if not (self.settings.spot_partitions or self._holds):
+        if not (self.settings.spot_partitions or self._holds or self._bindings):
             return demand_groups(text, rules)
         jobs = load_jobs(text)
         groups = fold(iter_pending(jobs, rules), rules.shard_pools)
@@ -611,7 +615,8 @@ class SlurmAdapter:
         has left the queue, or ``move_hold_s`` has passed, and in any case until Slurm's job
         credential lifetime (``cred_expire``) has passed since the requeue: a job that starts
         again sooner on the node it left is killed there for good. ``apply_placement`` lifts
-        the hold.
+        the hold. Meanwhile ``for_job``, pending, is bound to ``node`` (its ``ReqNodeList``;
+        ``slurm_placement.Binding``) unless it asked for nodes itself.
 
         The exclusion is set in the same ``scontrol update`` that lifts the begin-time hold
         Slurm puts on a requeued job, so the job cannot start anywhere before it is in place; a
@@ -649,6 +654,49 @@ class SlurmAdapter:
         state, partitions = self._settled(job)
         if state == "PENDING":
             self._apply_hold(hold, self._reorder(partitions))
+        self._bind(target, node)
+
+    def _bind(self, for_job: str, node: str) -> None:
+        """Bind the pending ``for_job`` to ``node``, the node of its latest hold."""
+        line = self._run("squeue", "-h", "-j", for_job, "-o", "%T|%n").decode(errors="replace")
+        state, _, required = line.strip().partition("|")
+        if state != "PENDING":
+            return
+        with self._holds_lock:
+            binding = self._bindings.get(for_job)
+            if binding is not None and not binding.over:
+                binding.node = node
+                binding.applied = False
+            elif required and not (binding is not None and required == binding.node):
+                return  # its own --nodelist: left as the user asked
+            else:
+                self._bindings[for_job] = binding = Binding(for_job, node)
+        self._apply_binding(binding)
+
+    def _apply_binding(self, binding: Binding) -> None:
+        failure = self._update_jobs((binding.for_job,), f"reqnodelist={binding.node}")
+        if failure:
+            log.warning(
+                "job %s not bound to %s; retried next tick: %s",
+                binding.for_job,
+                binding.node,
+                failure,
+            )
+            return
+        binding.applied = True
+
+    def _unbind(self, binding: Binding, why: str) -> str | None:
+        """Give the job its own ``ReqNodeList`` back."""
+        failure = self._update_jobs((binding.for_job,), f"reqnodelist={binding.required}")
+        if failure is None:
+            self._forget_binding(binding)
+            log.info("job %s no longer bound to %s: %s", binding.for_job, binding.node, why)
+        return failure
+
+    def _forget_binding(self, binding: Binding) -> None:
+        with self._holds_lock:
+            if self._bindings.get(binding.for_job) is binding:
+                del self._bindings[binding.for_job]
 
     def _credential_s(self) -> float:
         """Slurm's job credential lifetime (``AuthInfo`` ``cred_expire``, 120 s unless set),
@@ -760,7 +808,7 @@ class SlurmAdapter:
                 problem = str(exc)
             if problem:
                 failures.append(problem)
-        if self.settings.spot_partitions or self._holds:
+        if self.settings.spot_partitions or self._holds or self._bindings:
             try:
                 failures += self._apply_queue(placement)
             except SourceError as exc:
@@ -848,6 +896,17 @@ class SlurmAdapter:
                 failure = self._restore(step.hold, step.why)
                 if failure:
                     failures.append(failure)
+        with self._holds_lock:
+            bindings = list(self._bindings.values())
+        for bound in binding_steps(bindings, self._holds_now(), QueueIndex.of(queue)):
+            if bound.step is Step.DROP:
+                self._forget_binding(bound.binding)
+            elif bound.step is Step.APPLY:
+                self._apply_binding(bound.binding)
+            elif bound.step is Step.RESTORE:
+                failure = self._unbind(bound.binding, bound.why)
+                if failure:
+                    failures.append(failure)
         if not self.settings.spot_partitions:
             return failures
         touched = frozenset(
@@ -888,7 +947,9 @@ class SlurmAdapter:
 
     def _hold_ids(self) -> frozenset[str]:
         """The jobs the holds need to see: each moved job and the job it made room for."""
-        return frozenset(i for h in self._holds_now() for i in (h.job_id, h.for_job))
+        with self._holds_lock:
+            bound = set(self._bindings)
+        return frozenset(i for h in self._holds_now() for i in (h.job_id, h.for_job)) | bound
 
     def _restore(self, hold: Hold, why: str) -> str | None:
         """Give a moved job back the exclusions it had before the move."""

@@ -39,7 +39,13 @@ spot (or of the order it should have).
 **Holds.** A job moved off an on-prem node to make room there (``MovesJobsOff``) is kept off that
 node through its ``ExcNodeList`` until the job it made room for has started there (or elsewhere,
 or has left the queue), and at least until its last run's credential has expired there, or until
-a bound has passed; then the list it had before is restored.
+a bound has passed; then the list it had before is restored. Meanwhile the job room was made
+for is bound to that node through its ``ReqNodeList`` (``Binding``), as the simulator binds it:
+it starts only there while the latest hold made for it stands, so that a job room is being made
+for elsewhere (another shape, freed in the same tick) cannot take it. The binding ends when that
+hold does, or when the job starts or leaves the queue; then the job's own ``ReqNodeList`` is
+given back (once it is pending: a running job's cannot be changed, and matters only if it is
+requeued). A job that asked for nodes itself (``--nodelist``) is not bound.
 """
 
 from __future__ import annotations
@@ -311,3 +317,50 @@ def _ended(hold: Hold, index: QueueIndex, now: float) -> str | None:
     if now >= hold.until:
         return f"job {hold.for_job} still pending at the hold's bound"
     return None
+
+
+@dataclass
+class Binding:
+    """The pending job ``for_job`` bound to ``node`` (its ``ReqNodeList``) while the latest hold
+    made for it stands; ``required`` is its own ``ReqNodeList`` before (given back after),
+    ``applied`` whether the binding is in place, ``over`` that only the give-back is left."""
+
+    for_job: str
+    node: str
+    required: str = ""
+    applied: bool = False
+    over: bool = False
+
+
+@dataclass(frozen=True)
+class BindingStep:
+    binding: Binding
+    step: Step
+    why: str = ""
+
+
+def binding_steps(
+    bindings: Iterable[Binding], holds: Iterable[Hold], index: QueueIndex
+) -> list[BindingStep]:
+    """What each binding needs this tick, given the holds as ``hold_steps`` left them: it lasts
+    while its job is pending and a hold made for it on its node has not done its work."""
+    standing = {(h.for_job, h.node) for h in holds if not h.over}
+    steps: list[BindingStep] = []
+    for binding in bindings:
+        job = index.by_id.get(binding.for_job) or index.by_task.get(binding.for_job)
+        if job is None:
+            steps.append(BindingStep(binding, Step.DROP, f"job {binding.for_job} left the queue"))
+            continue
+        why = "its node list is given back once it is pending"
+        if not binding.over:
+            if job.pending and (binding.for_job, binding.node) in standing:
+                applies = not binding.applied
+                steps.append(BindingStep(binding, Step.APPLY if applies else Step.KEEP))
+                continue
+            binding.over = True
+            why = "its hold ended" if job.pending else "it started"
+        if not binding.applied:
+            steps.append(BindingStep(binding, Step.DROP, why))
+        else:
+            steps.append(BindingStep(binding, Step.RESTORE if job.pending else Step.KEEP, why))
+    return steps

@@ -196,7 +196,10 @@ class MovesJobsOff(Protocol):
 
     def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue ``job_id``, now running on ``node``, and keep it off ``node`` until ``for_job``
-        has started there. Raises ``SourceError`` without requeueing when the job is not running
+        has started there; meanwhile ``for_job``, pending, is bound to ``node`` (it starts only
+        there while the latest hold made for it stands: Slurm's ``ReqNodeList``, the
+        simulator's scheduler alike), so that room made for jobs of several shapes in one tick
+        is kept for each. Raises ``SourceError`` without requeueing when the job is not running
         on ``node`` or can only run there."""
         ...
 

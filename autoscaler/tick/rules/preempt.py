@@ -68,7 +68,7 @@ def preempt(
         for job_id in group.oldest_jobs:
             if job_id in claims.served:
                 continue
-            choice = fewest_moved(view.onprem, running, group, claims, lower)
+            choice = fewest_moved(view.onprem, running, group, claims, lower, job_id)
             if choice is None:
                 break
             node, chosen = choice

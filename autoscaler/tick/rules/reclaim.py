@@ -92,7 +92,9 @@ def reclaim(
         need = group.gpus_per_job
         if job_id in claims.served or held.get(team, 0) + coming.get(team, 0) + need > guarantee:
             continue
-        choice = fewest_moved(view.onprem, running, group, claims, _borrowed(teams, team, held))
+        choice = fewest_moved(
+            view.onprem, running, group, claims, _borrowed(teams, team, held), job_id
+        )
         if choice is None:
             continue
         node, chosen = choice

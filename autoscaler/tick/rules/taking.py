@@ -8,7 +8,7 @@ lower priority class); each passes that as ``pick``.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoscaler.model import DemandGroup, OnPremNode
 from autoscaler.spi.sources import RunningJob
@@ -28,6 +28,9 @@ class Claims:
     busy_nodes: set[str]
     leaving: set[str]
     served: set[str]
+    # pending job -> the node its latest hold binds it to (the scheduler starts it only there
+    # while that hold stands, so room elsewhere is no room for it)
+    bound: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -42,10 +45,15 @@ class Claims:
         held = [h for h in onprem.held if h.for_job not in lost]
         busy = {h.node for h in held} | {m.node for m in taken}
         busy |= {node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)}
+        bound: dict[str, tuple[float, str]] = {}
+        for h in onprem.held:
+            if h.for_job not in bound or h.since >= bound[h.for_job][0]:
+                bound[h.for_job] = (h.since, h.node)
         return cls(
             busy,
             set(onprem.moving) | {j.id for m in taken for j in m.jobs},
             set(onprem.making_room_for) | {h.for_job for h in held} | {m.for_job for m in taken},
+            {job: node for job, (_, node) in bound.items()},
         )
 
     def claim(self, node: str, jobs: Sequence[RunningJob], for_job: str) -> None:
@@ -89,15 +97,20 @@ def fewest_moved(
     group: DemandGroup,
     claims: Claims,
     pick: Pick,
+    job_id: str | None = None,
 ) -> tuple[str, list[RunningJob]] | None:
-    """The node that frees room for one of the group's jobs by moving the fewest GPUs (then
-    jobs, then by name); None when a node already has room (the scheduler starts the job
-    there) or none can be freed. Single-node jobs only, those that checkpoint first, then the
-    youngest: the least work lost, and the job that started last is expected to hold its GPUs
-    longest."""
+    """The node that frees room for one of the group's jobs (``job_id``) by moving the fewest
+    GPUs (then jobs, then the smallest node, as the scheduler's best fit would, so that a big
+    node is left for a bigger job; then by name); None when a node already has room (the
+    scheduler starts the job there) or none can be freed. Single-node jobs only, those that
+    checkpoint first, then the youngest: the least work lost, and the job that started last is
+    expected to hold its GPUs longest. A job still bound to the node of an earlier hold
+    (``Claims.bound``) starts only there: free room on another node is no room for it, and a
+    move elsewhere binds it to that node instead."""
+    bound = claims.bound.get(job_id) if job_id is not None else None
     need = group.gpus_per_job
     shape = group.shape
-    options: list[tuple[int, int, str, list[RunningJob]]] = []
+    options: list[tuple[int, int, int, str, list[RunningJob]]] = []
     for node in nodes:
         if not node.schedulable or not shape.accepts(
             node.gpus, node.gpu_model, node.gpu_memory_gib
@@ -105,7 +118,9 @@ def fewest_moved(
             continue
         free = node.gpus_free
         if free >= need:
-            return None
+            if bound is None or bound == node.name:
+                return None
+            continue
         if node.name in claims.busy_nodes:
             continue
         candidates = sorted(
@@ -114,8 +129,9 @@ def fewest_moved(
         )
         chosen = pick(candidates, need - free)
         if chosen is not None:
-            options.append((sum(j.gpus for j in chosen), len(chosen), node.name, chosen))
+            moved = sum(j.gpus for j in chosen)
+            options.append((moved, len(chosen), node.gpus, node.name, chosen))
     if not options:
         return None
-    _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
+    _, _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2], o[3]))
     return name, chosen

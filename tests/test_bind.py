@@ -1,0 +1,146 @@
+"""Room made for a pending job is kept for it: while a hold made for ``for_job`` stands, the
+simulator's scheduler starts ``for_job`` only on the node of its latest hold (as the Slurm
+adapter binds it through its ``ReqNodeList``), so that room freed in one tick for owner jobs of
+two shapes is not taken by one from the other; and, replayed through the real controller,
+several preempting jobs of mixed shapes start within their bound (the reclaim property is in
+tests/test_reclaim.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from team_replays import replayed, scenario, waits_of
+from test_priority_classes import CLASSES_YAML, row
+from test_reclaim import side_by_side
+from test_sim_scheduler import World, trace_job
+
+from autoscaler.model import Capacity, OnPremUse, Placement
+from autoscaler.sim.scheduler import MOVE_HOLD_S
+
+
+def test_the_job_room_was_made_for_starts_only_on_that_node_until_its_hold_ends() -> None:
+    """Room on x is being made for "first" (one of its two movers moved, the other still
+    checkpointing) while y is already free for "second": without the binding "first", older,
+    would take y and "second" would wait for x's second mover."""
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement())
+    s.add_node("x", 2, Capacity.ONPREM, None, 0.0)
+    s.add_node("y", 2, Capacity.ONPREM, None, 0.0)
+    fillers = [s.submit(trace_job(f"f{n}", duration=9e4, interval=600.0), 0.0) for n in range(4)]
+    s.schedule(0.0)
+    on = {name: [f for f in fillers if f.node is not None and f.node.name == name] for name in "xy"}
+    assert len(on["x"]) == len(on["y"]) == 2
+    first = s.submit(trace_job("first", gpus=2, duration=100.0), 10.0)
+    second = s.submit(trace_job("second", gpus=2, duration=100.0), 11.0)
+    # the moved jobs may no longer use on-prem (they would take either room back otherwise)
+    s.apply_placement(Placement(protect_uncheckpointable=True, spot_safe_onprem=OnPremUse.NEVER))
+    s.move_off(str(on["x"][0].seq), "x", str(first.seq))
+    for f in on["y"]:
+        s.move_off(str(f.seq), "y", str(second.seq))
+    assert (s.bound_to(str(first.seq)), s.bound_to(str(second.seq))) == ("x", "y")
+    s.schedule(12.0)
+    assert first.node is None
+    assert second.node is not None and second.node.name == "y"
+    s.move_off(str(on["x"][1].seq), "x", str(first.seq))
+    s.schedule(13.0)
+    assert first.node is not None and first.node.name == "x"
+    assert s.bound_to(str(first.seq)) is None and s.held_off() == []
+
+
+def test_a_binding_ends_with_its_hold_bound() -> None:
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement())
+    s.add_node("a", 1, Capacity.ONPREM, None, 0.0)
+    s.add_node("b", 1, Capacity.ONPREM, None, 0.0)
+    first = s.submit(trace_job("first", duration=90_000.0), 0.0)
+    taker = s.submit(trace_job("taker", duration=90_000.0), 0.0)
+    s.schedule(0.0)
+    owner = s.submit(trace_job("owner", duration=100.0), 5.0)
+    assert first.node is not None
+    node = first.node.name
+    s.move_off(str(first.seq), node, str(owner.seq))
+    # a job not held off that node (here the one on the other node, requeued) takes the room
+    other = "b" if node == "a" else "a"
+    s.requeue(str(taker.seq))
+    s.schedule(6.0)
+    assert owner.node is None and s.bound_to(str(owner.seq)) == node
+    world.clock.set(6.0 + MOVE_HOLD_S)
+    s.held_off()
+    s.schedule(6.0 + MOVE_HOLD_S)
+    assert s.bound_to(str(owner.seq)) is None
+    assert owner.node is None or owner.node.name == other
+
+
+def test_no_hold_is_kept_for_a_job_already_started() -> None:
+    """A move whose checkpoint ended after the job it made room for started elsewhere keeps no
+    hold (the Slurm adapter ends such a hold at its next tick): its node is not busy for a
+    job that needs no room."""
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement())
+    s.add_node("a", 1, Capacity.ONPREM, None, 0.0)
+    s.add_node("b", 1, Capacity.ONPREM, None, 0.0)
+    mover = s.submit(trace_job("mover", duration=90_000.0), 0.0)
+    s.schedule(0.0)
+    owner = s.submit(trace_job("owner", duration=100.0), 1.0)
+    s.schedule(1.0)
+    assert owner.node is not None and mover.node is not None
+    s.move_off(str(mover.seq), mover.node.name, str(owner.seq))
+    assert s.held_off() == [] and s.bound_to(str(owner.seq)) is None
+
+
+# -- preemption replayed: several preempting jobs of mixed shapes --------------------------------
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
+    nodes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    within = draw(st.sampled_from([300.0, 600.0, 900.0]))
+    rows = []
+    for n, gpus in enumerate(nodes):
+        left = gpus
+        k = 0
+        while left:
+            size = draw(st.integers(1, left))
+            cls = draw(st.sampled_from(["batch", "normal", "unlisted"]))
+            rows.append(row(f"l{n}-{k}", 0, 20_000, size, cls, draw(st.integers(0, 1))))
+            left -= size
+            k += 1
+    # up to three jobs of the preempting class, of any shapes the nodes can host side by side
+    urgent: list[int] = []
+    for n in range(draw(st.integers(1, 3))):
+        gpus = draw(st.integers(1, max(nodes)))
+        if not side_by_side(nodes, [*urgent, gpus]):
+            break
+        urgent.append(gpus)
+        submit = draw(st.integers(300, 6_000))
+        rows.append(row(f"u{n}", submit, 3_000, gpus, "urgent", draw(st.integers(0, 1))))
+    return nodes, within, rows
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=fleets())
+@example(  # a 1-GPU and a 2-GPU job in one tick: the small one must not take the big one's room
+    case=(
+        [3, 2],
+        300.0,
+        [row(f"l{n}", 0, 20_000, 1, "batch", 0) for n in range(5)]
+        + [row("u0", 300, 3_000, 1, "urgent", 0), row("u1", 300, 3_000, 2, "urgent", 0)],
+    )
+)
+def test_replayed_preempting_jobs_of_mixed_shapes_start_within_their_bound(
+    tmp_path: Path, case: tuple[list[int], float, list[str]]
+) -> None:
+    nodes, within, rows = case
+    text = scenario("preempt", nodes, CLASSES_YAML.replace("WITHIN", str(within)))
+    waits = waits_of(replayed(tmp_path, text, rows), "urgent")
+    assert waits, "the preempting jobs ran"
+    assert max(waits) <= within, (waits, within, nodes)
