@@ -6,6 +6,7 @@ waiting gets its on-prem GPUs back within ``teams.reclaim_within_s``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, example, given, settings
@@ -128,6 +129,29 @@ def test_an_owner_at_its_guarantee_takes_nothing() -> None:
     nodes = [OnPremNode(name="a", gpus=8, gpus_allocated=8)]
     jobs = {"a": [job("o", "a", 4, "owner", 0.0), job("l", "a", 4, "lender", 0.0)]}
     assert moves_for([pending(1, "p", "owner", NOW - 800.0)], nodes, jobs) == []
+
+
+def test_a_job_on_a_slice_counts_its_slice_toward_the_guarantee_and_is_never_taken() -> None:
+    """Ten owner jobs of a tenth of a GPU hold one GPU's worth, not ten: the owner (guaranteed
+    4) is still entitled to a 2-GPU job. The lender's slices on node b are not taken (moving
+    them frees no whole GPU), so room is made on node a, though it moves more."""
+    sliced = [replace(job(f"o{i}", "b", 1, "owner", 0.0), gpu_share=0.1) for i in range(10)] + [
+        replace(job(f"s{i}", "b", 1, "lender", 0.0), gpu_share=0.5) for i in range(6)
+    ]
+    nodes = [
+        OnPremNode(name="a", gpus=4, gpus_allocated=4),
+        OnPremNode(name="b", gpus=4, gpus_allocated=4),
+    ]
+    jobs = {
+        "a": [job("a1", "a", 3, "lender", 100.0), job("a2", "a", 1, "lender", 900.0)],
+        "b": sliced,
+    }
+    found = moves_for([pending(2, "p", "owner", NOW - 800.0)], nodes, jobs)
+    # node a moves 4 GPUs' worth of jobs where two of b's slices would count as 2
+    assert [(m.node, [j.id for j in m.jobs]) for m in found] == [("a", ["a2", "a1"])]
+    # counted as whole GPUs the owner would hold 10 and be over its guarantee of 4
+    whole = {n: [replace(j, gpu_share=None) for j in js] for n, js in jobs.items()}
+    assert moves_for([pending(2, "p", "owner", NOW - 800.0)], nodes, whole) == []
 
 
 def test_free_room_that_fits_is_left_to_the_scheduler() -> None:

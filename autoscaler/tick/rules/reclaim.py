@@ -47,13 +47,14 @@ def team_of(team: str | None) -> str:
 
 def onprem_held(
     view: FleetView, running: Mapping[str, Sequence[RunningJob]], leaving: frozenset[str]
-) -> dict[str, int]:
-    """On-prem GPUs each team's running jobs hold, less jobs already on their way off."""
-    held: dict[str, int] = {}
+) -> dict[str, float]:
+    """On-prem GPUs each team's running jobs hold, less jobs already on their way off; a job on
+    a slice of a shared GPU holds its slice (``RunningJob.gpus_held``), as attribution counts it."""
+    held: dict[str, float] = {}
     for node in view.onprem:
         for job in running.get(node.name, ()):
             if job.id not in leaving:
-                held[team_of(job.team)] = held.get(team_of(job.team), 0) + job.gpus
+                held[team_of(job.team)] = held.get(team_of(job.team), 0.0) + job.gpus_held
     return held
 
 
@@ -141,7 +142,7 @@ def _coming(view: FleetView, served: frozenset[str] | set[str]) -> dict[str, int
     return coming
 
 
-def _borrowed(teams: TeamsConfig, owner: str, held: Mapping[str, int]) -> Pick:
+def _borrowed(teams: TeamsConfig, owner: str, held: Mapping[str, float]) -> Pick:
     """Take jobs of other teams only from what they hold beyond their own guarantee."""
 
     def pick(candidates: Sequence[RunningJob], short: int) -> list[RunningJob] | None:

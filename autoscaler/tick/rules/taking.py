@@ -124,7 +124,7 @@ def fewest_moved(
         if node.name in claims.busy_nodes:
             continue
         candidates = sorted(
-            (j for j in running.get(node.name, ()) if j.nodes == 1 and j.id not in claims.leaving),
+            (j for j in running.get(node.name, ()) if _takeable(j) and j.id not in claims.leaving),
             key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
         )
         chosen = pick(candidates, need - free)
@@ -135,3 +135,9 @@ def fewest_moved(
         return None
     _, _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2], o[3]))
     return name, chosen
+
+
+def _takeable(job: RunningJob) -> bool:
+    """Single-node jobs on whole GPUs. A job on a slice of a shared GPU is never taken: moving
+    it frees no whole GPU while others share that GPU, so it would be lost work for nothing."""
+    return job.nodes == 1 and job.gpu_share is None
