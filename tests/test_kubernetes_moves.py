@@ -28,7 +28,7 @@ from autoscaler.fleet.telemetry import IdleTracker
 from autoscaler.model import Placement
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig
-from autoscaler.model.errors import SourceError
+from autoscaler.model.errors import InputError, SourceError
 from autoscaler.model.records import TickReport
 from autoscaler.sources.kubernetes import KubernetesSource
 from autoscaler.sources.kubernetes.moves import (
@@ -235,6 +235,22 @@ def test_a_hold_ends_at_its_bound(
     assert source.held_off() == [], "a hold past its bound is not listed"
     source.apply_placement(Placement())
     assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_the_hold_bound_is_the_sources_move_hold_s(
+    k8s_api: K8sApi, jobs: JobController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu_node(k8s_api)
+    made = make_source(k8s_api, monkeypatch, move_hold_s=7200)
+    try:
+        made.move_off(borrower(k8s_api, jobs), GPU_NODE, owner(k8s_api))
+        assert len(made.held_off()) == 1
+        # the bound test_a_hold_ends_at_its_bound exercises is the one configured
+        assert made.mover.move_hold_s == 7200
+    finally:
+        made.close()
+    with pytest.raises(InputError, match="move_hold_s"):
+        make_source(k8s_api, monkeypatch, move_hold_s=0)
 
 
 def test_two_holds_on_one_node_share_its_taint_until_the_last_ends(

@@ -112,7 +112,7 @@ class KubernetesSource:
         self._lock = threading.Lock()
         self._cache: WatchCache | None = None
         self._cache_lock = threading.Lock()  # held while the cache starts and first syncs
-        self.mover = Mover(self.api, self.rules, self.where, self._node_key)
+        self.mover = Mover(self.api, self.rules, self.where, self._node_key, settings.move_hold_s)
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> KubernetesSource:

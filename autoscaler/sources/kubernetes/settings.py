@@ -156,6 +156,13 @@ class KubernetesSettings(KubernetesJoinSettings):
         description="the grace period of a pod deleted to requeue it or at a drain's end "
         "(unset: the pod's own terminationGracePeriodSeconds)",
     )
+    move_hold_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="the longest a node's room is kept (its gpu-autoscaler.io/held-for taint) "
+        "for a pending pod a running pod was moved off for, while that pod has not started",
+    )
 
     @field_validator("kubeconfig", "ca_file")
     @classmethod
