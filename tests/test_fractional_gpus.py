@@ -373,6 +373,36 @@ def test_sharing_buys_fewer_cloud_gpu_hours_for_fractional_jobs(tmp_path: Path) 
     assert shared.frag_ticks > 0 and shared.stranded_gpu_ticks <= shared.free_gpu_ticks
 
 
+def test_a_pools_own_gpu_sharing_in_the_controller_config_is_replayed_as_the_scenarios(
+    tmp_path: Path,
+) -> None:
+    """The live controller reads ``pools[].gpu_sharing``; a scenario whose controller config
+    says it is replayed exactly as one that says it in ``gpu_sharing.pools``."""
+    (tmp_path / "scenario").mkdir()
+    (tmp_path / "pool").mkdir()
+    by_scenario = replay(
+        fraction_scenario(
+            tmp_path / "scenario", "gpu_sharing: {pools: {od: {mode: time-slicing, replicas: 4}}}"
+        ),
+        "cost-aware",
+    )
+    path = fraction_scenario(tmp_path / "pool", "")
+    text = path.read_text().replace(
+        "gpus_per_instance: 4, boot_seconds: 60}",
+        "gpus_per_instance: 4, boot_seconds: 60,\n"
+        "                gpu_sharing: {mode: time-slicing, replicas: 4}}",
+    )
+    assert "gpu_sharing" in text
+    path.write_text(text)
+    by_pool = replay(path, "cost-aware")
+    assert by_pool.shares_gpus
+    assert (by_pool.cost, by_pool.cloud_paid_gpu_s, by_pool.waits_s) == (
+        by_scenario.cost,
+        by_scenario.cloud_paid_gpu_s,
+        by_scenario.waits_s,
+    )
+
+
 def test_sharing_a_pool_the_scenario_lacks_is_an_error(tmp_path: Path) -> None:
     path = fraction_scenario(
         tmp_path, "gpu_sharing: {pools: {nope: {mode: time-slicing, replicas: 4}}}"

@@ -211,7 +211,7 @@ def _sharing_lines(prepared: Prepared) -> list[str]:
     where = [
         f"pool {pool.name}: {found.describe()}"
         for pool in scenario.controller.pools
-        if (found := sharing.for_pool(pool.name)) is not None
+        if (found := scenario.sharing_of(pool)) is not None
     ]
     for node in scenario.onprem:
         found = sharing.for_node(node)

@@ -322,7 +322,7 @@ def simulate(
         {
             p.name: sharing
             for p in config.pools
-            if (sharing := scenario.gpu_sharing.for_pool(p.name)) is not None
+            if (sharing := scenario.sharing_of(p)) is not None
         },
         [p.name for p in config.pools],
     )

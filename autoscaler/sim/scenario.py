@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from autoscaler.model import Frozen, Name
+from autoscaler.model import Frozen, Name, Pool
 from autoscaler.model.config import ControllerConfig
 from autoscaler.model.csvfile import parse_timestamp
 from autoscaler.model.errors import InputError
@@ -289,8 +289,17 @@ class Scenario(Frozen):
         return (
             bool(sharing.pools)
             or (sharing.every_pool is not None and bool(self.controller.pools))
+            or any(p.gpu_sharing is not None for p in self.controller.pools)
             or any(sharing.for_node(n) is not None for n in self.onprem)
         )
+
+    def sharing_of(self, pool: Pool) -> GpuSharing | None:
+        """How a pool's instances share their GPUs: the controller config's own
+        ``pools[].gpu_sharing``, as the live controller reads it, else the scenario's
+        ``gpu_sharing`` for the pool."""
+        if pool.gpu_sharing is not None:
+            return pool.gpu_sharing
+        return self.gpu_sharing.for_pool(pool.name)
 
     @field_validator("start")
     @classmethod
