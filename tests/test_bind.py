@@ -18,6 +18,9 @@ from test_sim_scheduler import World, trace_job
 
 from autoscaler.model import Capacity, OnPremUse, Placement
 from autoscaler.sim.scheduler import MOVE_HOLD_S
+from autoscaler.spi.sources import HeldOff, RunningJob
+from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
+from autoscaler.tick.rules.taking import Claims
 
 
 def test_the_job_room_was_made_for_starts_only_on_that_node_until_its_hold_ends() -> None:
@@ -75,10 +78,9 @@ def test_a_binding_ends_with_its_hold_bound() -> None:
     assert owner.node is None or owner.node.name == other
 
 
-def test_no_hold_is_kept_for_a_job_already_started() -> None:
-    """A move whose checkpoint ended after the job it made room for started elsewhere keeps no
-    hold (the Slurm adapter ends such a hold at its next tick): its node is not busy for a
-    job that needs no room."""
+def test_a_job_already_started_is_not_bound() -> None:
+    """A move whose checkpoint ended after the job it made room for started elsewhere keeps its
+    hold but binds nobody: the job, requeued later, may start anywhere."""
     world = World()
     s = world.scheduler
     s.apply_placement(Placement())
@@ -90,7 +92,14 @@ def test_no_hold_is_kept_for_a_job_already_started() -> None:
     s.schedule(1.0)
     assert owner.node is not None and mover.node is not None
     s.move_off(str(mover.seq), mover.node.name, str(owner.seq))
-    assert s.held_off() == [] and s.bound_to(str(owner.seq)) is None
+    assert s.bound_to(str(owner.seq)) is None
+
+
+def test_a_hold_for_a_job_that_runs_keeps_no_node_busy() -> None:
+    running = {"a": [RunningJob("p", "a", 1, 0.0)], "b": [RunningJob("x", "b", 1, 0.0)]}
+    onprem = OnPremJobs({}, held=(HeldOff("m", "b", "p", 0.0), HeldOff("n", "a", "q", 0.0)))
+    claims = Claims.of(onprem, running, ())
+    assert claims.busy_nodes == {"a"}
 
 
 # -- preemption replayed: several preempting jobs of mixed shapes --------------------------------

@@ -408,13 +408,12 @@ class SimScheduler:
         now = self.clock.now()
         self._interrupt(job, now, moved=True)
         target = self._job(for_job)
-        if target.node is not None or target.finished_at is not None:
-            # it started (elsewhere) while this job checkpointed: no hold is left to keep, as
-            # the Slurm adapter ends such a hold at its next tick
-            return
         hold = _Hold(node, target.seq, now)
         self._holds.setdefault(job.seq, []).append(hold)
-        self._bound[hold.for_job] = hold
+        if target.node is None and target.finished_at is None:
+            # only a pending job is bound: one that started while this job checkpointed is not
+            # bound if it is requeued later
+            self._bound[hold.for_job] = hold
 
     def bound_to(self, job_id: str) -> str | None:
         """The node a pending job is bound to: that of the latest standing hold made for it."""

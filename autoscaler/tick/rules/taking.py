@@ -41,8 +41,11 @@ class Claims:
         lost: Collection[str] = (),
     ) -> Claims:
         """``lost`` are pending jobs whose freed room another job took: their holds no longer
-        stand for them, so room is made for them again (and on those nodes)."""
-        held = [h for h in onprem.held if h.for_job not in lost]
+        stand for them, so room is made for them again (and on those nodes). A hold for a job
+        that runs already (it started elsewhere while its movers checkpointed) keeps no node
+        busy: the Slurm adapter ends it at its next tick, and the simulator's lasts its bound."""
+        started = {job.id for jobs in running.values() for job in jobs}
+        held = [h for h in onprem.held if h.for_job not in lost and h.for_job not in started]
         busy = {h.node for h in held} | {m.node for m in taken}
         busy |= {node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)}
         bound: dict[str, tuple[float, str]] = {}
