@@ -26,6 +26,7 @@ from autoscaler.model import (
     Pool,
     PoolView,
 )
+from autoscaler.model.sharing import SharingMode
 
 HOUR = 3600.0
 
@@ -54,6 +55,7 @@ class Need:
     min_gpu_memory_gib: float | None = None
     team: str | None = None
     class_order: int = 0
+    gpu_sharing: SharingMode | None = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -65,6 +67,7 @@ class Need:
             gpus=self.gpus_per_node,
             gpu_models=self.gpu_models,
             min_gpu_memory_gib=self.min_gpu_memory_gib,
+            gpu_sharing=self.gpu_sharing,
         )
 
     @property
@@ -241,6 +244,7 @@ def needs_from(
             tiers,
             group.team,
             order,
+            group.gpu_sharing,
         )
         interval = group.checkpoint_interval_s if Capacity.SPOT in tiers else None
         need = merged.get(key)
@@ -255,6 +259,7 @@ def needs_from(
                 group.min_gpu_memory_gib,
                 group.team,
                 order,
+                group.gpu_sharing,
             )
         else:
             need.jobs += group.jobs
@@ -370,7 +375,9 @@ def _place_on_idle(need: Need, remaining: int, available: Supply) -> int:
         if kind not in need.tiers or node.instance_id in available.kept or pool is None:
             continue
         free = node.gpus - node.gpus_allocated if node.joined else node.gpus
-        if shape.accepts(free, pool.gpu_model, pool.gpu_memory_gib):
+        if shape.accepts(free, pool.gpu_model, pool.gpu_memory_gib) and shape.shares_like(
+            pool.gpu_sharing
+        ):
             fitting.append((node, free))
     if need.nodes > 1:
         jobs = min(remaining, len(fitting) // need.nodes)

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from autoscaler.model.frozen import Frozen as Frozen  # noqa: PLC0414 (re-exported)
-from autoscaler.model.sharing import GpuSharing
+from autoscaler.model.sharing import GpuSharing, SharingMode
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 
@@ -58,16 +58,21 @@ def gpu_model_matches(wanted: str, offered: str | None) -> bool:
 
 
 class NodeShape(Frozen):
-    """What one node must offer a job: GPUs, one of these GPU models (any when empty) and at
-    least this much memory per GPU (any when unset).
+    """What one node must offer a job: GPUs, one of these GPU models (any when empty), at
+    least this much memory per GPU (any when unset), and GPUs shared the way ``gpu_sharing``
+    says (None: whole GPUs, as every job but a slice holder asks).
 
     A launch carries the shape of the jobs it is bought for, and no pool that cannot host that
-    shape is ever launched for them, as first choice or as fallback.
+    shape is ever launched for them, as first choice or as fallback. A job asking a slice of a
+    shared GPU (a Kubernetes ``nvidia.com/gpu.shared`` or ``nvidia.com/mig-<profile>`` pod, a
+    Slurm ``--gres=shard:N`` job) can only run where the node offers that slice, so its shape
+    names the sharing and only pools whose ``gpu_sharing`` is of that mode can host it.
     """
 
     gpus: PositiveInt
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: PositiveFloat | None = None
+    gpu_sharing: SharingMode | None = None
 
     def accepts(self, gpus: int, gpu_model: str | None, gpu_memory_gib: float | None) -> bool:
         if gpus < self.gpus:
@@ -78,12 +83,22 @@ class NodeShape(Frozen):
             gpu_memory_gib is not None and gpu_memory_gib >= self.min_gpu_memory_gib
         )
 
+    def shares_like(self, sharing: GpuSharing | None) -> bool:
+        """Whether GPUs shared as ``sharing`` says (None: not shared) can give these jobs what
+        they ask: anything for whole-GPU jobs (as before slices were read), GPUs shared in the
+        same mode for a slice. On-prem nodes are judged by the sources, which only count a
+        slice as demand where a pool or an on-prem node offers it."""
+        wanted = self.gpu_sharing
+        return wanted is None or (sharing is not None and sharing.mode is wanted)
+
     def describe(self) -> str:
         text = f"{self.gpus} GPU(s)"
         if self.gpu_models:
             text += " of " + "|".join(self.gpu_models)
         if self.min_gpu_memory_gib is not None:
             text += f" with >= {self.min_gpu_memory_gib:g} GiB each"
+        if self.gpu_sharing is not None:
+            text += f" shared by {self.gpu_sharing.value}"
         return text
 
 
@@ -140,7 +155,9 @@ class Pool(Frozen):
 
     def can_host(self, shape: NodeShape) -> bool:
         """Whether one instance of this pool can run a node of a job of this shape."""
-        return shape.accepts(self.gpus_per_instance, self.gpu_model, self.gpu_memory_gib)
+        return shape.accepts(
+            self.gpus_per_instance, self.gpu_model, self.gpu_memory_gib
+        ) and shape.shares_like(self.gpu_sharing)
 
 
 class PriceQuote(Frozen):
@@ -357,6 +374,12 @@ class DemandGroup(Frozen):
         description="the order the jobs are placed and bought in: their class's, raised by "
         "aging (priorities.py); set by the observer where the config lists classes, 0 elsewhere",
     )
+    gpu_sharing: SharingMode | None = Field(
+        None,
+        description="the jobs ask slices of GPUs shared this way (their whole GPUs are the "
+        "slices folded, model/sharing.whole_gpus) and run only on GPUs so shared; None: whole "
+        "GPUs",
+    )
 
     @model_validator(mode="after")
     def _whole(self) -> DemandGroup:
@@ -378,6 +401,7 @@ class DemandGroup(Frozen):
             gpus=self.gpus_per_node,
             gpu_models=self.gpu_models,
             min_gpu_memory_gib=self.min_gpu_memory_gib,
+            gpu_sharing=self.gpu_sharing,
         )
 
     @property

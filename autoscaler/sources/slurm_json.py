@@ -40,7 +40,7 @@ import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.model.errors import SourceError
-from autoscaler.model.sharing import GpuSharing, whole_gpus
+from autoscaler.model.sharing import GpuSharing, SharingMode, whole_gpus
 from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
@@ -792,6 +792,9 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 needs.min_gpu_memory_gib,
                 team,
                 priority_class,
+                # a shard job runs only where GPUs are time-sliced into shards: only such pools
+                # are bought for it (NodeShape.shares_like); its own group, never whole GPUs'
+                None if shards <= 0 else SharingMode.TIME_SLICING,
             ),
             float(submitted),
             copies,
@@ -828,8 +831,9 @@ def fold(
     pending: Iterator[PendingJob], shard_pools: tuple[GpuSharing, ...] | None = None
 ) -> list[DemandGroup]:
     """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them.
-    Shard jobs alike but for their shards are one group with the whole-GPU jobs of their shape,
-    their fractions folded into whole GPUs of the ``shard_pools`` by the simulator's own rule
+    Shard jobs alike but for their shards are one group (of ``gpu_sharing`` time-slicing, apart
+    from the whole-GPU jobs of their shape, which could not run on their nodes' shards), their
+    fractions folded into whole GPUs of the ``shard_pools`` by the simulator's own rule
     (``sharing.whole_gpus``)."""
     counts: dict[GroupKey, int] = {}
     named: dict[GroupKey, OldestJobs] = {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from autoscaler.model import DemandGroup, Job, OnPremNode, Placement, Pool
+from autoscaler.model.sharing import SharingMode
 
 
 @runtime_checkable
@@ -220,9 +221,12 @@ class GroupKey(NamedTuple):
     min_gpu_memory_gib: float | None = None
     team: str | None = None
     priority_class: str | None = None
+    # the jobs ask slices of GPUs shared this way (DemandGroup.gpu_sharing); None: whole GPUs
+    gpu_sharing: SharingMode | None = None
 
 
-_job_key = operator.attrgetter(*GroupKey._fields)
+# A Job asks whole GPUs: its key is every field but the sharing, which keeps its default.
+_job_key = operator.attrgetter(*GroupKey._fields[:-1])
 
 
 def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
@@ -245,10 +249,15 @@ def aggregate(jobs: Iterable[Job]) -> list[DemandGroup]:
             named[key] = OldestJobs(submitted, job.id)
             bounds[key] = math.inf
     return groups_from_counts(
-        {GroupKey._make(k): v for k, v in counts.items()},
-        {GroupKey._make(k): v.submitted() for k, v in named.items()},
-        {GroupKey._make(k): v.ids() for k, v in named.items()},
+        {_whole_gpus_key(k): v for k, v in counts.items()},
+        {_whole_gpus_key(k): v.submitted() for k, v in named.items()},
+        {_whole_gpus_key(k): v.ids() for k, v in named.items()},
     )
+
+
+def _whole_gpus_key(fields: tuple[object, ...]) -> GroupKey:
+    """The GroupKey of a job's key (every field but the sharing: a Job asks whole GPUs)."""
+    return GroupKey._make((*fields, None))
 
 
 NAMED_PENDING = 8
@@ -309,6 +318,7 @@ def groups_from_counts(
             oldest_jobs=ids.get(key, ()),
             team=key.team,
             priority_class=key.priority_class,
+            gpu_sharing=key.gpu_sharing,
         )
         for key in sorted(counts, key=_group_order)
     ]
@@ -316,7 +326,7 @@ def groups_from_counts(
 
 def _group_order(
     key: GroupKey,
-) -> tuple[int, float, bool, tuple[str, ...], str, int, float, str, str]:
+) -> tuple[int, float, bool, tuple[str, ...], str, int, float, str, str, str]:
     return (
         key.gpus,
         key.checkpoint_interval_s if key.checkpoint_interval_s is not None else -1.0,
@@ -327,6 +337,7 @@ def _group_order(
         key.min_gpu_memory_gib or 0.0,
         key.team or "",
         key.priority_class or "",
+        key.gpu_sharing or "",
     )
 
 

@@ -33,7 +33,10 @@ replicas, a MIG instance's c/7) is folded with the other slices of its group int
 pool's ``gpu_sharing``: their slices summed and rounded up where every pool shares, one GPU each
 where some pool does not (it would give each a whole GPU). A time-slicing pod that does not
 select its replicas (``nvidia.com/gpu.shared: 1`` alone) is counted against the fewest replicas
-any pool or node that time-slices cuts a GPU in: the largest share it may take.
+any pool or node that time-slices cuts a GPU in: the largest share it may take. A slice pod's
+group says how the GPUs it asks must be shared (``DemandGroup.gpu_sharing``, the slice's mode),
+so it is never one group with whole-GPU pods, and the policy and the guard buy for it only
+pools whose ``gpu_sharing`` is of that mode (``NodeShape.shares_like``).
 
 A checkpoint annotation that cannot be read (``bad-checkpoint-annotation``) leaves the pod as
 demand that can be met, as one that does not checkpoint (kept off spot): a typo in an
@@ -231,8 +234,10 @@ def pending_demand(
         if not gpus:
             continue
         share: Fraction | None = None  # of one GPU, for a pod asking a slice of a shared one
+        shared: SharingMode | None = None  # how the GPUs it asks a slice of must be shared
         if not pod.gang and (found := _slice_of(obj, pod, rules)) is not None:
             wanted, pod = found
+            shared = wanted.mode
             share, pod = _share(pod, wanted, sharing, reading)
             if share >= 1:
                 gpus, share = math.ceil(share), None
@@ -255,11 +260,11 @@ def pending_demand(
             gangs.setdefault(pod.gang, _Gang()).members.append(pod)
             continue
         if share is not None:
-            key = _key(pod, 1, 1, rules.fold_classes)
+            key = _key(pod, 1, 1, rules.fold_classes, shared)
             slices.setdefault(key, Counter())[share] += 1
             add(key, pod.id, pod.created, whole=False)
             continue
-        add(_key(pod, gpus, 1, rules.fold_classes), pod.id, pod.created)
+        add(_key(pod, gpus, 1, rules.fold_classes, shared), pod.id, pod.created)
     for name, gang in gangs.items():
         gang.running = bound_members.get(name, 0)
         nodes = len(gang.members)
@@ -337,7 +342,13 @@ def _share(pod: Pod, wanted: Slice, sharing: Sharing, reading: Reading) -> tuple
     return (share if share is not None else Fraction(1)), pod
 
 
-def _key(pod: Pod, gpus: int, nodes: int, fold_classes: bool) -> GroupKey:
+def _key(
+    pod: Pod, gpus: int, nodes: int, fold_classes: bool, shared: SharingMode | None = None
+) -> GroupKey:
+    """The pod's group; ``shared`` for a pod asking a slice (also one counted whole, as a slice
+    of at least a GPU or one nothing offers): such a pod runs only on GPUs shared that way, so
+    its group is never one with whole-GPU pods, and only pools that share so are bought for
+    it."""
     return GroupKey(
         gpus * nodes,
         pod.spot_safe_interval,
@@ -348,6 +359,7 @@ def _key(pod: Pod, gpus: int, nodes: int, fold_classes: bool) -> GroupKey:
         pod.min_gpu_memory_gib,
         pod.team,
         pod.priority_class if fold_classes else None,
+        shared,
     )
 
 
