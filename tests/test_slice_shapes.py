@@ -258,11 +258,21 @@ def _mode(pool: Pool) -> SharingMode | None:
     return pool.gpu_sharing.mode if pool.gpu_sharing is not None else None
 
 
-@settings(max_examples=150, deadline=None)
-@given(pools=pool_views(), groups=demand_groups_drawn(), which=st.integers(0, len(POLICIES) - 1))
+@settings(max_examples=200, deadline=None)
+@given(
+    pools=pool_views(),
+    groups=demand_groups_drawn(),
+    which=st.integers(0, len(POLICIES) - 1),
+    every=st.sampled_from((None, *SharingMode)),
+)
 def test_no_granted_launch_for_a_slice_group_is_on_a_pool_that_does_not_share_its_way(
-    pools: list[PoolView], groups: list[DemandGroup], which: int
+    pools: list[PoolView], groups: list[DemandGroup], which: int, every: SharingMode | None
 ) -> None:
+    """A launch whose shape asks shared GPUs names only pools shared that way, and the guard
+    grants it only such pools; where every group asks slices of one mode (``every``), nothing
+    at all is granted on another pool."""
+    if every is not None:
+        groups = [g.model_copy(update={"gpu_sharing": every}) for g in groups]
     view = fleet(pools, groups)
     by_name = {v.pool.name: v.pool for v in pools}
     plan = POLICIES[which].decide(view)
@@ -281,6 +291,8 @@ def test_no_granted_launch_for_a_slice_group_is_on_a_pool_that_does_not_share_it
             assert pool.can_host(shape)
             if shape.gpu_sharing is not None:
                 assert _mode(pool) is shape.gpu_sharing, (shape, step)
+            if every is not None and step.granted:
+                assert _mode(pool) is every, (shape, step)
 
 
 @settings(max_examples=100, deadline=None)
