@@ -25,8 +25,8 @@ from autoscaler.model import (
     Placement,
     Pool,
     PoolView,
+    SharingMode,
 )
-from autoscaler.model.sharing import SharingMode
 
 HOUR = 3600.0
 
@@ -55,6 +55,7 @@ class Need:
     min_gpu_memory_gib: float | None = None
     team: str | None = None
     class_order: int = 0
+    # how the jobs' GPUs must be shared (DemandGroup.gpu_sharing); None: whole GPUs
     gpu_sharing: SharingMode | None = None
 
     @property

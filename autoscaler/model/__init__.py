@@ -36,6 +36,7 @@ from autoscaler.model.domain import (
     PriceQuote,
     gpu_model_matches,
 )
+from autoscaler.model.sharing import SharingMode
 
 __all__ = [
     "BILLED_STATES",
@@ -66,5 +67,6 @@ __all__ = [
     "Pool",
     "PoolView",
     "PriceQuote",
+    "SharingMode",
     "gpu_model_matches",
 ]

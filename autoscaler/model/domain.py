@@ -89,7 +89,7 @@ class NodeShape(Frozen):
         same mode for a slice. On-prem nodes are judged by the sources, which only count a
         slice as demand where a pool or an on-prem node offers it."""
         wanted = self.gpu_sharing
-        return wanted is None or (sharing is not None and sharing.mode is wanted)
+        return wanted is None or (sharing is not None and sharing.mode == wanted)
 
     def describe(self) -> str:
         text = f"{self.gpus} GPU(s)"
