@@ -90,6 +90,7 @@ from autoscaler.model import (
     Placement,
     Plan,
     PoolView,
+    SharingMode,
 )
 from policies.common import (
     Need,
@@ -117,8 +118,11 @@ from policies.peers_common import (
 
 CapacityType = Literal["spot", "on-demand"]
 # Pods share a node claim only when they ask for the same GPUs and capacity types.
-# GPU models, memory per GPU, tiers, and the team the claim is bought for (None: no teams).
-_ClaimKey = tuple[tuple[str, ...], float | None, tuple[Capacity, ...], str | None]
+# GPU models, memory per GPU, tiers, the team the claim is bought for (None: no teams), and
+# how the pods' GPUs must be shared (None: whole GPUs; slices only on pools shared that way).
+_ClaimKey = tuple[
+    tuple[str, ...], float | None, tuple[Capacity, ...], str | None, SharingMode | None
+]
 
 
 class KarpenterParams(BaseModel):
@@ -321,7 +325,13 @@ class KarpenterPolicy:
             pools, spot, on_demand = self._nodepool(need, market)
             if not pools:
                 continue
-            key: _ClaimKey = (need.gpu_models, need.min_gpu_memory_gib, need.tiers, need.team)
+            key: _ClaimKey = (
+                need.gpu_models,
+                need.min_gpu_memory_gib,
+                need.tiers,
+                need.team,
+                need.gpu_sharing,
+            )
             mine = [c for c in claims if c.key == key]
             size = need.gpus_per_node
             if need.nodes == 1:
@@ -364,8 +374,8 @@ class KarpenterPolicy:
             if chosen is None:
                 continue
             market.room[chosen.name] -= 1
-            models, memory, _, team = claim.key
-            shape = combined_shape(claim.used, models, memory)
+            models, memory, _, team, sharing = claim.key
+            shape = combined_shape(claim.used, models, memory, sharing)
             fallbacks = tuple(p.name for p in ordered if p.name != chosen.name)
             slot = (chosen.name, shape, fallbacks, team)
             counts[slot] = counts.get(slot, 0) + 1

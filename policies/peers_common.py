@@ -19,6 +19,7 @@ from autoscaler.model import (
     NoticeKind,
     Placement,
     PoolView,
+    SharingMode,
 )
 
 HOURS_PER_MONTH = 730.0
@@ -90,11 +91,18 @@ def booting(node: CloudNode) -> bool:
 
 
 def combined_shape(
-    gpus: int, gpu_models: tuple[str, ...], min_gpu_memory_gib: float | None
+    gpus: int,
+    gpu_models: tuple[str, ...],
+    min_gpu_memory_gib: float | None,
+    gpu_sharing: SharingMode | None = None,
 ) -> NodeShape:
-    """What one new node must offer to hold ``gpus`` GPUs of jobs that share these needs."""
+    """What one new node must offer to hold ``gpus`` GPUs of jobs that share these needs
+    (slices of GPUs shared as ``gpu_sharing`` says, for jobs that ask slices)."""
     return NodeShape.model_construct(
-        gpus=gpus, gpu_models=gpu_models, min_gpu_memory_gib=min_gpu_memory_gib
+        gpus=gpus,
+        gpu_models=gpu_models,
+        min_gpu_memory_gib=min_gpu_memory_gib,
+        gpu_sharing=gpu_sharing,
     )
 
 

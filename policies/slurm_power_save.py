@@ -44,7 +44,15 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.model import FleetView, LaunchRequest, NodeShape, Placement, Plan, PoolView
+from autoscaler.model import (
+    FleetView,
+    LaunchRequest,
+    NodeShape,
+    Placement,
+    Plan,
+    PoolView,
+    SharingMode,
+)
 from policies.common import Need, drain_requests, headroom, idle_nodes, needs_from, supply, unmet
 from policies.peers_common import combined_shape, peer_placement, pool_order, usable
 
@@ -79,7 +87,7 @@ class SlurmPowerSaveParams(BaseModel):
 
 # GPU models, memory per GPU, and the team the node is resumed for (None: no teams): a node is
 # shared only by jobs of one key, so each launch is one team's.
-_Key = tuple[tuple[str, ...], float | None, str | None]
+_Key = tuple[tuple[str, ...], float | None, str | None, SharingMode | None]
 
 
 @dataclass
@@ -134,7 +142,7 @@ class SlurmPowerSavePolicy:
             )
             if not pools:
                 continue
-            key = (need.gpu_models, need.min_gpu_memory_gib, need.team)
+            key = (need.gpu_models, need.min_gpu_memory_gib, need.team, need.gpu_sharing)
             allowed = {p.name for p in pools}
             if need.nodes == 1:
                 self._allocate_singles(need, key, pools, allowed, weight, room, resumed, limit)
@@ -164,8 +172,8 @@ class SlurmPowerSavePolicy:
                 resumed.extend(fresh)
         counts: dict[tuple[str, NodeShape, str | None], int] = {}
         for node in resumed:
-            models, memory, team = node.key
-            shape = combined_shape(node.used, models, memory)
+            models, memory, team, sharing = node.key
+            shape = combined_shape(node.used, models, memory, sharing)
             counts[(node.pool, shape, team)] = counts.get((node.pool, shape, team), 0) + 1
         launches = []
         for (name, shape, team), count in counts.items():

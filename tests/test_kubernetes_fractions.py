@@ -95,8 +95,13 @@ def slice_pod(name: str, units: int = 1, resource: str = SHARED, **kw: Any) -> d
 
 
 def one_gpu_jobs(source: KubernetesSource) -> dict[tuple[str, ...], int]:
-    """The one-GPU groups' jobs by GPU model, read afresh (a tick apart from the last)."""
-    return {g.gpu_models: g.jobs for g in source.read(next(TICKS)) if g.gpus_per_job == 1}
+    """The one-GPU groups' jobs by GPU model, read afresh (a tick apart from the last); a slice
+    group (of its sharing mode) and a whole-GPU group of the same model are summed."""
+    found: dict[tuple[str, ...], int] = {}
+    for g in source.read(next(TICKS)):
+        if g.gpus_per_job == 1:
+            found[g.gpu_models] = found.get(g.gpu_models, 0) + g.jobs
+    return found
 
 
 # -- nodes ---------------------------------------------------------------------------------------
@@ -210,11 +215,14 @@ def test_pending_slices_are_folded_into_whole_gpus_as_the_simulator_folds_them(
     for i in range(2):
         k8s_api.put("pods", tried(slice_pod(f"half-{i}", 2, created=50 + i)))
     k8s_api.put("pods", tried(pod("whole", gpus=1, created=10)))
-    (group,) = source.read(next(TICKS))
+    whole, group = source.read(next(TICKS))  # whole GPUs' group first, then the slices'
     # each slice as the pool that cuts it coarsest: the pods say no replicas, so against 4
-    # (the fewest any time-slicing pool cuts a GPU in): 9/4 + 2 x 2/4 + 1 whole = 4.25 -> 5
-    assert (group.gpus_per_job, group.jobs) == (1, 5)
-    assert group.oldest_jobs[0] == "default/whole" and group.oldest_submit_time == 10
+    # (the fewest any time-slicing pool cuts a GPU in): 9/4 + 2 x 2/4 = 3.25 -> 4; the whole
+    # pod is a group of its own (it cannot run on a slice), bought on any pool
+    assert (group.gpus_per_job, group.jobs, group.gpu_sharing) == (1, 4, SharingMode.TIME_SLICING)
+    assert group.oldest_jobs[0] == "default/half-0" and group.oldest_submit_time == 50
+    assert (whole.gpus_per_job, whole.jobs, whole.gpu_sharing) == (1, 1, None)
+    assert whole.oldest_jobs == ("default/whole",) and whole.oldest_submit_time == 10
     # counted from the first slice nothing offers: a cluster that never meets one has no count
     assert UNSHARED_SLICE not in source.reading_problems()
 
