@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import textwrap
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,19 @@ def test_a_fractional_job_counts_its_slice_and_a_whole_gpu_job_its_gpus() -> Non
     a = s.accounting
     assert a.allocated_gpu_s[Capacity.ONPREM] == pytest.approx(3 * 0.3 * 100 + 100)
     assert a.useful_gpu_s == pytest.approx(3 * 0.3 * 100 + 100)
+
+
+def test_guarantees_count_a_running_slice_by_its_slice_and_a_pending_one_by_its_fraction() -> None:
+    world = World()
+    s = world.scheduler
+    s.add_node("shared", 1, Capacity.ONPREM, None, 0.0, sharing=sliced(10))
+    for i in range(3):
+        job = TraceJob(f"f{i}", 0.0, 100.0, 1, 0.3, None, 0.0, False, gpu_fraction=0.3)
+        s.submit(replace(job, team="ml"), 0.0)
+    s.submit(replace(TraceJob("w", 0.0, 100.0, 1, 1.0, None, 0.0, False), team="ml"), 0.0)
+    assert s.schedule(0.0) == 3  # three slices of 3 on the one GPU; the whole job waits
+    held, pending = s.team_gpus()["ml"]
+    assert held == pytest.approx(0.9) and pending == pytest.approx(1.0)
 
 
 def test_without_sharing_a_fractional_job_takes_a_whole_gpu() -> None:

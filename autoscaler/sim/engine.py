@@ -542,8 +542,8 @@ def count_short(
     shortfall.samples += 1
     held = scheduler.team_gpus()
     for team, guaranteed in guarantees.items():
-        holds, waiting = held.get(team, (0, 0))
-        short = max(0, min(guaranteed, holds + waiting) - holds) if waiting else 0
+        holds, waiting = held.get(team, (0.0, 0.0))
+        short = max(0.0, min(guaranteed, holds + waiting) - holds) if waiting else 0.0
         if not short:
             shortfall.since.pop(team, None)
             continue

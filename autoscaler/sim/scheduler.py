@@ -561,17 +561,21 @@ class SimScheduler:
         """The GPUs pending jobs ask for, fractional ones as the controller is told of them."""
         return sum(group.gpus_per_job * group.jobs for group in self.read(self.clock.now()))
 
-    def team_gpus(self) -> dict[str, tuple[int, int]]:
+    def team_gpus(self) -> dict[str, tuple[float, float]]:
         """By team: the on-prem GPUs its running jobs hold, and the GPUs its pending jobs ask
-        for (what a guarantee is judged against)."""
-        found: dict[str, list[int]] = {}
+        for (what a guarantee is judged against). A job on a slice of a shared GPU holds its
+        slice, and a pending fractional job asks its fraction, as the controller's reclaim
+        counts them (``RunningJob.gpus_held``)."""
+        found: dict[str, list[float]] = {}
         for key, heap in self._buckets.items():
             if heap:
-                found.setdefault(key[6] or UNASSIGNED, [0, 0])[1] += key[0] * len(heap)
+                each = key[7] if key[7] is not None else key[0]
+                found.setdefault(key[6] or UNASSIGNED, [0.0, 0.0])[1] += each * len(heap)
         for node in self.nodes.values():
             if node.kind is Capacity.ONPREM:
                 for job in node.jobs.values():
-                    found.setdefault(job.trace.team or UNASSIGNED, [0, 0])[0] += job.gpus_per_node
+                    held = float(job.slice) if job.slice is not None else job.gpus_per_node
+                    found.setdefault(job.trace.team or UNASSIGNED, [0.0, 0.0])[0] += held
         return {team: (held, pending) for team, (held, pending) in found.items()}
 
     def close(self, now: float) -> None:
