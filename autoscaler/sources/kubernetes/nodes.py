@@ -44,6 +44,7 @@ from autoscaler.sources.kubernetes.pods import (
     ident,
     one_line,
     read_pod,
+    resource_totals,
     shown,
 )
 from autoscaler.sources.kubernetes.slices import (
@@ -214,24 +215,8 @@ class Nodes:
 
 def gpu_units(spec: Mapping[str, Any], rules: PodRules) -> dict[str, int]:
     """The units of each GPU resource a pod asks (the counted ones and the slices of shared
-    GPUs), as the scheduler sums them: requests, else limits; the containers' sum or the
-    largest init container's, whichever is more."""
-    totals: dict[str, int] = {}
-    for kind, combine in (("containers", False), ("initContainers", True)):
-        for index, container in enumerate(as_list(spec.get(kind), f"spec.{kind}")):
-            where = f"spec.{kind}[{index}].resources"
-            resources = as_mapping(
-                as_mapping(container, f"spec.{kind}[{index}]").get("resources"), where
-            )
-            asked = {
-                **as_mapping(resources.get("limits"), f"{where}.limits"),
-                **as_mapping(resources.get("requests"), f"{where}.requests"),
-            }
-            for resource, quantity in asked.items():
-                if resource in rules.gpu_resources or is_slice_resource(resource):
-                    count = as_count(quantity, f"{where} {resource}")
-                    previous = totals.get(resource, 0)
-                    totals[resource] = max(previous, count) if combine else previous + count
+    GPUs), as the scheduler sums them (``resource_totals``)."""
+    totals = resource_totals(spec, lambda r: r in rules.gpu_resources or is_slice_resource(r))
     return {r: n for r, n in totals.items() if n}
 
 

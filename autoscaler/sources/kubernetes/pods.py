@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -250,10 +250,10 @@ def _gpu_like(resource: str) -> bool:
     return "/" in lowered and ("gpu" in lowered or lowered.startswith("nvidia.com/"))
 
 
-def requested(spec: Obj, rules: PodRules) -> tuple[int, str | None, int]:
-    """(GPUs of the counted resources, a GPU-like resource nobody counts, its quantity) the pod
-    asks for: requests, else limits (the API copies limits to requests for extended resources);
-    the containers' sum or the largest init container's, whichever is more."""
+def resource_totals(spec: Obj, wanted: Callable[[str], bool]) -> dict[str, int]:
+    """The units of each ``wanted`` resource a pod asks, as the scheduler sums them: requests,
+    else limits (the API copies limits to requests for extended resources); the containers'
+    sum or the largest init container's, whichever is more."""
     totals: dict[str, int] = {}
     for kind, combine in (("containers", False), ("initContainers", True)):
         for index, container in enumerate(as_list(spec.get(kind), f"spec.{kind}")):
@@ -266,10 +266,17 @@ def requested(spec: Obj, rules: PodRules) -> tuple[int, str | None, int]:
                 **as_mapping(resources.get("requests"), f"{where}.requests"),
             }
             for resource, quantity in asked.items():
-                if resource in rules.gpu_resources or _gpu_like(resource):
+                if wanted(resource):
                     count = as_count(quantity, f"{where} {resource}")
                     previous = totals.get(resource, 0)
                     totals[resource] = max(previous, count) if combine else previous + count
+    return totals
+
+
+def requested(spec: Obj, rules: PodRules) -> tuple[int, str | None, int]:
+    """(GPUs of the counted resources, a GPU-like resource nobody counts, its quantity) the pod
+    asks for (``resource_totals``)."""
+    totals = resource_totals(spec, lambda r: r in rules.gpu_resources or _gpu_like(r))
     gpus = sum(totals.get(r, 0) for r in rules.gpu_resources)
     if gpus:
         return gpus, None, 0
