@@ -22,6 +22,23 @@ LAUNCHED_AT_TAG = "gpu-autoscaler/launched-at"
 TEAM_TAG = "gpu-autoscaler/team"
 
 
+def launch_tags(
+    fleet_id: str, pool: Pool, request_id: str, now: float, team: str | None = None
+) -> dict[str, str]:
+    """The four tags every launched instance carries, and the team's when it is bought for one,
+    by our names: each provider writes them in its cloud's form (EC2 tags, GCP labels, Azure
+    tags)."""
+    tags = {
+        FLEET_TAG: fleet_id,
+        POOL_TAG: pool.name,
+        REQUEST_TAG: request_id,
+        LAUNCHED_AT_TAG: f"{now:.3f}",
+    }
+    if team:
+        tags[TEAM_TAG] = team
+    return tags
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """What a launch produced. Partial fulfilment is normal for spot: ``shortfall`` says why."""

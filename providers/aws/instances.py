@@ -30,6 +30,7 @@ from autoscaler.spi.provider import (
     REQUEST_TAG,
     TEAM_TAG,
     LaunchResult,
+    launch_tags,
 )
 from providers.aws.errors import fleet_shortfall, typed
 from providers.aws.sdk import Clients
@@ -351,15 +352,8 @@ class AwsInstances:
         """The four tags every launched instance carries (TagSpecifications), and the team tag
         when the launch is bought for a team (its value as the team is named: EC2 takes any
         value up to 256 characters, and team names are at most 253)."""
-        tags = [
-            {"Key": FLEET_TAG, "Value": self.fleet_id},
-            {"Key": POOL_TAG, "Value": pool.name},
-            {"Key": REQUEST_TAG, "Value": request_id},
-            {"Key": LAUNCHED_AT_TAG, "Value": f"{now:.3f}"},
-        ]
-        if team:
-            tags.append({"Key": TEAM_TAG, "Value": team})
-        return tags
+        tags = launch_tags(self.fleet_id, pool, request_id, now, team)
+        return [{"Key": key, "Value": value} for key, value in tags.items()]
 
     def launched(
         self, pool: Pool, instance_id: str, request_id: str, now: float, team: str | None = None

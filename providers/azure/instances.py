@@ -39,6 +39,7 @@ from autoscaler.spi.provider import (
     REQUEST_TAG,
     TEAM_TAG,
     LaunchResult,
+    launch_tags,
 )
 from providers.azure.errors import telling, typed
 from providers.azure.notices import AzureEvictions, Sighting
@@ -293,15 +294,7 @@ class AzureInstances:
     ) -> dict[str, str]:
         """The four tags every launched VM carries, and the team's when it is bought for one
         (as the team is named: Azure tag values take up to 256 characters, team names 253)."""
-        tags = {
-            FLEET_TAG: self.fleet_id,
-            POOL_TAG: pool.name,
-            REQUEST_TAG: request_id,
-            LAUNCHED_AT_TAG: f"{now:.3f}",
-        }
-        if team:
-            tags[TEAM_TAG] = team
-        return azure_tags(tags)
+        return azure_tags(launch_tags(self.fleet_id, pool, request_id, now, team))
 
     def create_vms(
         self,

@@ -40,6 +40,7 @@ from autoscaler.spi.provider import (
     REQUEST_TAG,
     TEAM_TAG,
     LaunchResult,
+    launch_tags,
 )
 from providers.gcp.errors import operation_error, typed
 from providers.gcp.sdk import ComputeClients, is_conflict, is_done, is_not_found
@@ -470,15 +471,7 @@ class GcpInstances:
     ) -> dict[str, str]:
         """The four labels every launched VM carries, and its team's when it is bought for one
         (``label_value``'s reversible encoding; see ``team_metadata`` for a long name)."""
-        tags = {
-            FLEET_TAG: self.fleet_id,
-            POOL_TAG: pool.name,
-            REQUEST_TAG: request_id,
-            LAUNCHED_AT_TAG: f"{now:.3f}",
-        }
-        if team:
-            tags[TEAM_TAG] = team
-        return labels_for(tags)
+        return labels_for(launch_tags(self.fleet_id, pool, request_id, now, team))
 
     def launched(
         self,
