@@ -319,11 +319,7 @@ def simulate(
         scenario.idle_util_pct,
         on_start,
         on_checkpoint_asked,
-        {
-            p.name: sharing
-            for p in config.pools
-            if (sharing := scenario.sharing_of(p)) is not None
-        },
+        {p.name: sharing for p in config.pools if (sharing := scenario.sharing_of(p)) is not None},
         [p.name for p in config.pools],
     )
     if config.teams is not None and config.teams.priority_classes:
