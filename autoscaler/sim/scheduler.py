@@ -398,10 +398,10 @@ class SimScheduler:
         if job.node is not None:
             self._interrupt(job, self.clock.now())
 
-    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
         """Requeue a job running on ``node`` (keeping the work up to its last checkpoint) and keep
-        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed; meanwhile
-        ``for_job`` is bound to ``node`` (``bound_to``)."""
+        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed; meanwhile,
+        with ``bind``, ``for_job`` is bound to ``node`` (``bound_to``)."""
         job = self._job(job_id)
         if job.node is None or node not in {n.name for n in job.members}:
             raise SourceError(f"move job {job_id} off {node}: it does not run there")
@@ -410,7 +410,7 @@ class SimScheduler:
         target = self._job(for_job)
         hold = _Hold(node, target.seq, now)
         self._holds.setdefault(job.seq, []).append(hold)
-        if target.node is None and target.finished_at is None:
+        if bind and target.node is None and target.finished_at is None:
             # only a pending job is bound: one that started while this job checkpointed is not
             # bound if it is requeued later
             self._bound[hold.for_job] = hold

@@ -609,14 +609,14 @@ class SlurmAdapter:
         )
         return (f"partition={','.join(order)}",) if order else ()
 
-    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
         """Requeue a job running on ``node`` and keep it off that node (its ``ExcNodeList``, with
         its own exclusions kept) until ``for_job`` has started there, has started elsewhere or
         has left the queue, or ``move_hold_s`` has passed, and in any case until Slurm's job
         credential lifetime (``cred_expire``) has passed since the requeue: a job that starts
         again sooner on the node it left is killed there for good. ``apply_placement`` lifts
-        the hold. Meanwhile ``for_job``, pending, is bound to ``node`` (its ``ReqNodeList``;
-        ``slurm_placement.Binding``) unless it asked for nodes itself.
+        the hold. Meanwhile, with ``bind``, ``for_job``, pending, is bound to ``node`` (its
+        ``ReqNodeList``; ``slurm_placement.Binding``) unless it asked for nodes itself.
 
         The exclusion is set in the same ``scontrol update`` that lifts the begin-time hold
         Slurm puts on a requeued job, so the job cannot start anywhere before it is in place; a
@@ -654,7 +654,8 @@ class SlurmAdapter:
         state, partitions = self._settled(job)
         if state == "PENDING":
             self._apply_hold(hold, self._reorder(partitions))
-        self._bind(target, node)
+        if bind:
+            self._bind(target, node)
 
     def _bind(self, for_job: str, node: str) -> None:
         """Bind the pending ``for_job`` to ``node``, the node of its latest hold."""

@@ -195,13 +195,15 @@ class MovesJobsOff(Protocol):
     checkpoint is reported or its wait is over, calls ``move_off``. The scheduler lifts each hold
     by itself in its per-tick ``apply_placement`` once the hold has done its work."""
 
-    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
         """Requeue ``job_id``, now running on ``node``, and keep it off ``node`` until ``for_job``
-        has started there; meanwhile ``for_job``, pending, is bound to ``node`` (it starts only
-        there while the latest hold made for it stands: Slurm's ``ReqNodeList``, the
-        simulator's scheduler alike), so that room made for jobs of several shapes in one tick
-        is kept for each. Raises ``SourceError`` without requeueing when the job is not running
-        on ``node`` or can only run there."""
+        has started there. With ``bind``, ``for_job``, pending, is meanwhile bound to ``node``
+        (it starts only there while the latest hold made for it stands: Slurm's
+        ``ReqNodeList``, the simulator's scheduler alike), so that room made for jobs of
+        several shapes in one tick is kept for each: the controller binds for moves that keep
+        a promise within a bound (reclaim, preemption), not for on-prem rebalancing, whose job
+        may as well start on room that comes free elsewhere first. Raises ``SourceError``
+        without requeueing when the job is not running on ``node`` or can only run there."""
         ...
 
     def held_off(self) -> Sequence[HeldOff]:

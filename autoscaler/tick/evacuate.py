@@ -26,6 +26,7 @@ waiting job is requeued within moments of either.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,7 @@ class _Waiting:
     requeue_by: float
     for_job: str | None = None  # moved off its node for this pending job, not just requeued
     room: tuple[str, int] | None = None  # the cloud instance and GPUs held for it meanwhile
+    bind: bool = False  # bind for_job to the node (a move with a bound: reclaim, preemption)
 
 
 @dataclass
@@ -156,7 +158,9 @@ class Evacuator:
         instance and GPUs) is held for each job until then (``reserved``). With ``by`` (a
         reclaimed guarantee's bound) every job is gone by then: one that cannot checkpoint, or
         whose checkpoint would not end by then, is moved off at once from its last checkpoint;
-        without it such a job is left where it is."""
+        without it such a job is left where it is. Only a move with ``by`` binds ``for_job`` to
+        the node (``MovesJobsOff.move_off``): a promise is kept there, while a rebalancing's
+        job may start wherever room comes free first."""
         if self.mover is None:
             return [
                 JobMove(j.id, node, Move.FAILED, None, "the scheduler cannot move jobs")
@@ -174,7 +178,9 @@ class Evacuator:
                 if expected is not None
                 else self.settings.fresh_checkpoint_s
             )
-            waiting = _Waiting(job, now, resume_from, now + wait, for_job, (room or {}).get(job.id))
+            waiting = _Waiting(
+                job, now, resume_from, now + wait, for_job, (room or {}).get(job.id), by is not None
+            )
             if job.checkpoint_signal is None or (by is not None and now + wait > by):
                 why = (
                     "it cannot checkpoint"
@@ -388,7 +394,7 @@ class Evacuator:
             return self._requeue(waiting.job, now, resume_from, move, why)
         job = waiting.job
         return (
-            _bind(self.mover.move_off, job.id, job.node, waiting.for_job),
+            functools.partial(self.mover.move_off, job.id, job.node, waiting.for_job, waiting.bind),
             JobMove(
                 job.id,
                 job.node,

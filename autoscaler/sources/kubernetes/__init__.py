@@ -308,10 +308,12 @@ class KubernetesSource:
 
     # -- moves ------------------------------------------------------------------------------------
 
-    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
         """Requeue the pod ``job_id`` running on ``node`` (as ``requeue`` does: a bare pod or a
         DaemonSet's is never moved) and keep the room it leaves for the pending pod ``for_job``
-        (``moves``)."""
+        (``moves``). The hold taint keeps every other pod off the room whether or not ``bind``
+        asks for it: Kubernetes cannot bind a pending pod to a node, and the hold is what keeps
+        the moved pod off."""
         job = _check_job(job_id, self.where)
         owner = _check_job(for_job, self.where)
         found = self._node(node)
