@@ -195,15 +195,25 @@ class MovesJobsOff(Protocol):
     checkpoint is reported or its wait is over, calls ``move_off``. The scheduler lifts each hold
     by itself in its per-tick ``apply_placement`` once the hold has done its work."""
 
-    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue ``job_id``, now running on ``node``, and keep it off ``node`` until ``for_job``
-        has started there. With ``bind``, ``for_job``, pending, is meanwhile bound to ``node``
-        (it starts only there while the latest hold made for it stands: Slurm's
-        ``ReqNodeList``, the simulator's scheduler alike), so that room made for jobs of
-        several shapes in one tick is kept for each: the controller binds for moves that keep
-        a promise within a bound (reclaim, preemption), not for on-prem rebalancing, whose job
-        may as well start on room that comes free elsewhere first. Raises ``SourceError``
-        without requeueing when the job is not running on ``node`` or can only run there."""
+        has started there. A job moved off several nodes in turn is kept off each until its own
+        hold ends. Raises ``SourceError`` without requeueing when the job is not running on
+        ``node`` or can only run there."""
+        ...
+
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        """Keep the room being made on ``nodes`` for the pending ``for_job`` from the moment the
+        moves are decided: ``for_job`` starts only there (on all of them, one node each, for a
+        multi-node job: Slurm's ``ReqNodeList``, the simulator's scheduler alike; Kubernetes
+        holds the nodes for it) until it has started, has left the queue, or the scheduler's
+        bound on holds has passed. The controller binds for moves that keep a promise within a
+        bound (reclaim, preemption: ``MoveJobs.by``), before the first job is asked to
+        checkpoint, so that room coming free before the last move is not taken by other work;
+        not for on-prem rebalancing, whose job may as well start on room that comes free
+        elsewhere first. Binding again to the same nodes changes nothing; binding to others
+        replaces the binding. Raises ``SourceError`` having bound nothing when ``for_job`` is
+        not pending or asked for nodes of its own."""
         ...
 
     def held_off(self) -> Sequence[HeldOff]:

@@ -88,6 +88,15 @@ class MoveJobs:
     # When the jobs must be gone (a reclaimed guarantee's bound): a job whose checkpoint would
     # not end by then, or that cannot checkpoint, leaves at once. None: each waits for its own.
     by: float | None = None
+    # Every on-prem node being freed for ``for_job`` by this tick's moves, ``node`` among them:
+    # a multi-node job's nodes, freed all or none (the guard grants such moves together). Empty:
+    # ``node`` alone. With ``by``, ``for_job`` is bound to them (``MovesJobsOff.bind``).
+    together: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes ``for_job`` is to run on once this move and its companions are done."""
+        return self.together or (self.node,)
 
 
 @dataclass
