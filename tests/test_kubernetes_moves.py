@@ -35,6 +35,7 @@ from autoscaler.sources.kubernetes.moves import (
     HOLD_TAINT_KEY,
     HOLDS_ANNOTATION,
     Hold,
+    Moved,
     node_patch,
     read_holds,
     write_holds,
@@ -597,17 +598,26 @@ def test_the_controller_preempts_a_lower_class_pod(world: World) -> None:
 # -- the node patch, as a property -------------------------------------------------------------
 
 _names = st.text(alphabet="abcdefghij-", min_size=1, max_size=8)
-_holds = st.lists(
-    st.builds(
-        Hold,
-        job=_names.map(lambda n: f"team-b/{n}"),
-        for_job=_names.map(lambda n: f"team-a/{n}"),
-        for_uid=_names,
-        since=st.floats(min_value=0, max_value=2e9, allow_nan=False),
-    ),
-    max_size=4,
-    unique_by=lambda h: h.job,
+_times = st.floats(min_value=0, max_value=2e9, allow_nan=False)
+_moved = st.builds(Moved, job=_names.map(lambda n: f"team-b/{n}"), since=_times)
+# a hold as move_off writes it (one pod moved, no bind: the form older controllers read too),
+# or as bind and the moves after it do (any pods, or none yet)
+_plain = st.builds(
+    lambda m, for_job, uid: Hold(for_job, uid, m.since, (m,)),
+    _moved,
+    _names.map(lambda n: f"team-a/{n}"),
+    _names,
 )
+_bound = st.builds(
+    Hold,
+    for_job=_names.map(lambda n: f"team-a/{n}"),
+    for_uid=_names,
+    since=_times,
+    moved=st.lists(_moved, max_size=3, unique_by=lambda m: m.job).map(tuple),
+    bound=st.just(True),
+    gang=st.booleans(),
+)
+_holds = st.lists(st.one_of(_plain, _bound), max_size=4)
 _other_taints = st.lists(
     st.builds(
         dict,

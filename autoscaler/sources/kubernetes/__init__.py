@@ -15,9 +15,10 @@ The roles are the Slurm adapter's (docs/kubernetes.md):
 * checkpointing: ``running_jobs`` (GPU pods by node), ``signal`` (the annotation
   ``gpu-autoscaler.io/checkpoint-requested`` a sidecar watches), ``requeue`` (the pod of a Job
   is deleted and its controller makes a new one; a bare pod is not deleted, and said);
-* moves (``move_off``, ``held_off``): a pod moved off a node for a pending pod is requeued so,
-  and the room kept for the pending one by a taint on the node that only it tolerates, lifted
-  by ``apply_placement`` once it has started (``moves``);
+* moves (``bind``, ``move_off``, ``held_off``): a pod moved off a node for a pending pod is
+  requeued so, and the room kept for the pending one by a taint on the node that only it
+  tolerates (put by ``bind`` on every node freed for it before any pod is moved, for reclaim and
+  preemption), lifted by ``apply_placement`` once it has started (``moves``);
 * the join: ``join_user_data`` renders each pool's boot script (``kubernetes_join``).
 
 With ``watch_cache`` the pods and nodes a reading folds come from a watch-fed cache
@@ -79,6 +80,10 @@ log = logging.getLogger(__name__)
 REUSE_S = 30.0
 _NODE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$")
 _JOB = re.compile(r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)$")
+# a pod group's name is a label value (or ``job/`` and a Job's name, for an Indexed Job)
+_OWNER = re.compile(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/(job/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,251})?$"
+)
 _SIGNAL = re.compile(r"^(SIG)?[A-Za-z0-9]{1,16}$")
 
 
@@ -112,7 +117,14 @@ class KubernetesSource:
         self._lock = threading.Lock()
         self._cache: WatchCache | None = None
         self._cache_lock = threading.Lock()  # held while the cache starts and first syncs
-        self.mover = Mover(self.api, self.rules, self.where, self._node_key, settings.move_hold_s)
+        self.mover = Mover(
+            self.api,
+            self.rules,
+            self.where,
+            self._node_key,
+            settings.move_hold_s,
+            lambda: self._pod_list(None).items,
+        )
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], name: str) -> KubernetesSource:
@@ -308,16 +320,29 @@ class KubernetesSource:
 
     # -- moves ------------------------------------------------------------------------------------
 
-    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue the pod ``job_id`` running on ``node`` (as ``requeue`` does: a bare pod or a
-        DaemonSet's is never moved) and keep the room it leaves for the pending pod ``for_job``
-        (``moves``). The hold taint keeps every other pod off the room whether or not ``bind``
-        asks for it: Kubernetes cannot bind a pending pod to a node, and the hold is what keeps
-        the moved pod off."""
+        DaemonSet's is never moved) and keep the room it leaves for the pending ``for_job``, a
+        pod or a gang as demand names it (``moves``): within the owner's bound hold when
+        ``bind`` made one there, else a hold of its own."""
         job = _check_job(job_id, self.where)
-        owner = _check_job(for_job, self.where)
+        owner = _check_owner(for_job, self.where)
         found = self._node(node)
         self.mover.move_off(job, found.name, owner)
+
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        """Keep the room being made on ``nodes`` for the pending ``for_job`` (a pod, or a gang
+        as demand names it) from now on: Kubernetes cannot bind a pending pod to a node, so
+        each node is held for it at once, before any pod is moved off, by the hold taint that
+        only the owner's pods tolerate (``moves``). Binding again to the same nodes writes
+        nothing; other nodes end the binding to those left out. Raises ``SourceError`` having
+        left no new hold when the owner is not pending or a node cannot be held."""
+        owner = _check_owner(for_job, self.where)
+        if not nodes:
+            raise SourceError(f"{self.where}: bind {for_job}: no node named")
+        names = list(dict.fromkeys(self._node(node).name for node in nodes))
+        held = self.mover.held_nodes(self._node_objects())
+        self.mover.bind(owner, names, held)
 
     def held_off(self) -> list[HeldOff]:
         """The holds recorded on the nodes (so a restarted controller sees them too)."""
@@ -515,6 +540,14 @@ def _check_node(node: str, where: str) -> str:
     if not _NODE.match(node):
         raise SourceError(f"{where}: {node[:80]!r} is not a node name or instance id")
     return node
+
+
+def _check_owner(job_id: str, where: str) -> str:
+    """A pending job as demand names it: a pod (``namespace/name``) or a gang
+    (``namespace/group``, ``namespace/job/<name>``)."""
+    if not _OWNER.match(job_id):
+        raise SourceError(f"{where}: {job_id[:80]!r} is not a pod nor a pod group (namespace/name)")
+    return job_id
 
 
 def _check_job(job_id: str, where: str) -> tuple[str, str]:
