@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from autoscaler.cli import main
 from autoscaler.model.config import load_config
 from autoscaler.model.errors import InputError
-from autoscaler.model.sharing import GpuSharing, SharingMode, whole_gpus, worst_slice
+from autoscaler.model.sharing import (
+    GpuSharing,
+    SharingMode,
+    folded_gpus,
+    whole_gpus,
+    worst_slice,
+)
 
 A100_40GB = ("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
 MIG = GpuSharing(mode=SharingMode.MIG, profiles=A100_40GB)
@@ -79,6 +85,39 @@ def test_where_any_pool_does_not_share_each_job_is_a_gpu(
     if pools and all(p is not None for p in pools):
         pools = [*pools, None]
     assert whole_gpus(asked, pools) == sum(n for _, n in asked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 20),
+    st.lists(
+        st.tuples(
+            fractions.filter(lambda f: f is not None),
+            st.integers(0, 40),
+            st.lists(sharings, max_size=3),
+        ),
+        max_size=6,
+    ),
+)
+def test_a_live_fold_counts_each_slice_against_its_own_hosts(
+    whole: int, asked: list[tuple[float | Fraction, int, list[GpuSharing]]]
+) -> None:
+    """``folded_gpus`` (the live sources' fold): never fewer GPUs than the slices need on
+    each of their hosts, never more than a GPU a job, and the simulator's fold when every
+    slice has the same hosts."""
+    folded = folded_gpus(whole, asked)
+    assert folded <= whole + sum(n for _, n, _ in asked)
+    need = Fraction(whole)
+    for fraction, n, hosts in asked:
+        cuts = [h.slices_for(fraction) for h in hosts]
+        if not hosts or any(c is None for c in cuts):
+            need += n
+        else:
+            need += n * max(Fraction(c or 0, h.units) for c, h in zip(cuts, hosts, strict=True))
+    assert folded == math.ceil(need)
+    if asked and all(hosts == asked[0][2] and hosts for _, _, hosts in asked):
+        alike = [(None, whole), *((f, n) for f, n, _ in asked)]
+        assert folded == whole_gpus(alike, asked[0][2])
 
 
 def test_the_fold_takes_the_pool_that_packs_each_fraction_least_well() -> None:

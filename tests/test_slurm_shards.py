@@ -336,12 +336,13 @@ def _hosts(slurm: SlurmAdapter) -> tuple[GpuSharing, ...] | None:
 
 def test_the_assembly_tells_the_adapter_which_pools_have_shards() -> None:
     """The config's pools reach the adapter (``KnowsPools``) and each time-slicing pool's boot
-    script joins its nodes with shards; a pool that does not join Slurm has none for it."""
+    script joins its nodes with shards; the MIG pool's slices are gres types (the adapter knows
+    it too, for MIG demand); a pool that does not join Slurm has none for it."""
     workers = SLICED.model_copy(update={"name": "workers", "joins_scheduler": False})
     config = ControllerConfig(fleet_id="shards", pools=(SLICED, PLAIN, MIG, workers))
     slurm = SlurmAdapter.from_config({"join_user_data": True}, "hpc")
     scripts = {p.name: p.user_data or "" for p in joined_pools(config, slurm)}
-    assert _hosts(slurm) == (SLICED.gpu_sharing,)
+    assert _hosts(slurm) == (SLICED.gpu_sharing, MIG.gpu_sharing)
     assert "export GPU_AUTOSCALER_SHARDS=4\n" in scripts["aws-p4d-sliced"]
     assert not any(
         "export GPU_AUTOSCALER_SHARDS" in scripts[name]

@@ -53,6 +53,15 @@ def _mig_profile(name: str) -> str:
 MigProfile = Annotated[str, AfterValidator(_mig_profile)]
 
 
+def mig_compute(profile: str) -> int | None:
+    """The sevenths of a GPU an instance of a MIG profile is (``3g.20gb``: 3); None for a name
+    that is not a MIG profile's."""
+    found = _MIG_PROFILE.match(profile)
+    if found is None or int(found.group(1)) not in _MIG_COMPUTE:
+        return None
+    return int(found.group(1))
+
+
 Share = float | Fraction  # of one GPU: a trace's decimal, or a live source's exact k/N
 
 
@@ -165,6 +174,27 @@ def whole_gpus(
     sliced = Fraction(0)
     for fraction, jobs in counts:
         worst = worst_slice(fraction, pool_sharings) if folds and fraction is not None else None
+        if worst is None:
+            whole += jobs
+        else:
+            sliced += worst * jobs
+    return whole + math.ceil(sliced)
+
+
+def folded_gpus(whole: int, asks: Sequence[tuple[Share, int, Sequence[GpuSharing]]]) -> int:
+    """The whole GPUs one group of pending one-GPU jobs needs: ``whole`` jobs of a GPU each, and
+    for each (fraction asked, jobs, the sharings of the pools that can host that slice) the
+    jobs' slices, each as the host that cuts it coarsest would, summed with the others' and
+    rounded up once. A slice with no host, or one a host would give a whole GPU, counts one GPU
+    a job.
+
+    Unlike ``whole_gpus`` (the simulator's fold, where a fractional job may run on any pool),
+    a live source's slice job runs only where its slice exists (its group's ``gpu_sharing``
+    keeps the others from being bought for it), so a pool that does not share, or shares
+    another way, neither rounds its slices up to whole GPUs nor is counted at all."""
+    sliced = Fraction(0)
+    for fraction, jobs, hosts in asks:
+        worst = worst_slice(fraction, hosts)
         if worst is None:
             whole += jobs
         else:

@@ -40,7 +40,7 @@ import msgspec
 
 from autoscaler.model import DemandGroup, Job, OnPremNode
 from autoscaler.model.errors import SourceError
-from autoscaler.model.sharing import GpuSharing, SharingMode, whole_gpus
+from autoscaler.model.sharing import GpuSharing, SharingMode, folded_gpus
 from autoscaler.sources.class_names import ClassNames
 from autoscaler.sources.slurm_features import (
     FeatureSyntaxError,
@@ -48,7 +48,15 @@ from autoscaler.sources.slurm_features import (
     gpu_needs,
     node_gpu_facts,
 )
-from autoscaler.sources.slurm_shards import ShardSyntaxError, parse_shards, shard_demand
+from autoscaler.sources.slurm_shards import (
+    ShardSyntaxError,
+    mig_demand,
+    mig_entries,
+    mig_share,
+    mig_type,
+    parse_shards,
+    shard_demand,
+)
 from autoscaler.sources.team_names import TeamNames
 from autoscaler.spi.job_shape import MAX_GPUS_PER_NODE, MAX_JOB_NODES
 from autoscaler.spi.sources import GroupKey, OldestJobs, RunningJob, groups_from_counts
@@ -117,10 +125,12 @@ class DemandRules:
     class is its QOS, read through ``class_names`` (``teams.priority_classes``): running jobs
     always name it, pending demand folds per class only with ``fold_classes``
     (``FoldsPriorityClasses``), so that without classes demand is folded as before.
-    ``shard_pools`` are the time-slicing pools that join Slurm, whose nodes have shards
-    (``slurm_shards``): pending ``gres/shard`` jobs are folded into whole GPUs of them, and are
-    demand no pool can host when there is none (None: the pools are not known, and each shard
-    job counts a GPU).
+    ``shard_pools`` are the pools that join Slurm and share their GPUs (``slurm_shards``): the
+    time-slicing ones have shards, and pending ``gres/shard`` jobs are folded into whole GPUs of
+    them; the MIG ones have MIG instances as gres types, and a pending job asking instances of a
+    profile (``--gres=gpu:1g.10gb:1``) is folded into whole GPUs of those that list it. A slice
+    job no pool can host is demand that cannot be met (None: the pools are not known, and each
+    shard job counts a GPU, each MIG instance a GPU).
     """
 
     partitions: frozenset[str] | None = None
@@ -487,6 +497,7 @@ class _Memo:
         self.rules = rules
         self.gres: dict[str, tuple[int, str | None]] = {}
         self.shard_gres: dict[str, tuple[int, int | None]] = {}
+        self.mig_gres: dict[str, tuple[list[tuple[str, int]], int]] = {}
         self.comments: dict[str, Checkpointing] = {}
         self.arrays: dict[tuple[str, int], int] = {}
         self.partitions: dict[str, bool] = {}
@@ -500,8 +511,17 @@ class _Memo:
         found = self.gres.get(text)
         if found is None:
             count, model = parse_gpu_gres(text)
+            if model is not None and (mig := mig_type(model)) is not None:
+                model = mig[1]  # a MIG instance's GPU model is the type before its profile
             found = (count, self.rules.gpu_models.get(model, model) if model else None)
             self.gres[text] = found
+        return found
+
+    def migs(self, text: str) -> tuple[list[tuple[str, int]], int]:
+        """The MIG instances a gres string names and its other GPUs (``slurm_shards``)."""
+        found = self.mig_gres.get(text)
+        if found is None:
+            found = self.mig_gres[text] = mig_entries(text)
         return found
 
     def shards(self, text: str) -> tuple[int, int | None]:
@@ -591,8 +611,12 @@ class PendingJob(NamedTuple):
     submit_time: float
     copies: int
     checkpoint_duration_s: float | None
-    # the share of a GPU a ``gres/shard`` job asks, as the shared fold takes it (None: whole GPUs)
+    # the share of a GPU a ``gres/shard`` job asks, or each of its MIG instances, as the shared
+    # fold takes it (None: whole GPUs); how many such slices it asks; the pools that cut them
+    # (none named: the time-slicing pools of ``fold``'s ``shard_pools``)
     fraction: Fraction | None = None
+    pieces: int = 1
+    hosts: tuple[GpuSharing, ...] = ()
 
 
 def _int_field(job: Fields, name: str, default: int | None = None) -> int:
@@ -705,6 +729,21 @@ def _job_shards(job: Fields, memo: _Memo, nodes: int) -> int:
     return -(-shards * _count_field(job, "tasks") // nodes) if shards else 0
 
 
+def _job_mig(job: Fields, memo: _Memo) -> str | None:
+    """The MIG profile a job asks instances of: the one its GPU request (per job, else per
+    node, else per task) names in every GPU entry; None for whole GPUs, or a request that
+    mixes them with instances, or instances of several profiles (read as whole GPUs)."""
+    for name in ("tres_per_job", "tres_per_node", "tres_per_task"):
+        text = _str_field(job, name)
+        if not text or "gpu" not in text:
+            continue
+        instances, whole = memo.migs(text)
+        if instances or whole:
+            profiles = {profile for profile, _ in instances}
+            return profiles.pop() if len(profiles) == 1 and not whole else None
+    return None
+
+
 def _shard_field(job: Fields, name: str, memo: _Memo) -> int:
     text = _str_field(job, name)
     if not text or "shard" not in text:
@@ -749,13 +788,22 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             per_node, nodes, model = _job_request(job, memo)
             fraction: Fraction | None = None
             unmet: str | None = None
-            shards = 0
+            shared: SharingMode | None = None  # how the GPUs it asks a slice of are shared
+            pieces = 1
+            hosts: tuple[GpuSharing, ...] = ()
+            asked = ""
             if per_node <= 0:
                 shards = _job_shards(job, memo, nodes)
                 if shards <= 0:
                     continue
-                per_node = 1
+                shared, per_node = SharingMode.TIME_SLICING, 1
                 fraction, unmet = shard_demand(shards, nodes, rules.shard_pools)
+                asked = f"{shards} shard(s)"
+            elif (profile := _job_mig(job, memo)) is not None:
+                mig = mig_demand(profile, per_node, nodes, rules.shard_pools)
+                asked = f"{per_node} MIG {profile} instance(s)"
+                shared, per_node, fraction = SharingMode.MIG, mig.gpus, mig.fraction
+                pieces, hosts, unmet = mig.pieces, mig.hosts, mig.unmet
             if reason == NODE_LIMIT_REASON and not memo.fits_partition(partition, nodes):
                 continue
             needs = memo.gpu_needs(job, model)
@@ -779,7 +827,7 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
             memo.skipped.append(f"job {_ident(job)}: {exc}")
             continue
         if unmet is not None:
-            memo.unmet.append(f"job {job_id} asks {shards} shard(s): {unmet}")
+            memo.unmet.append(f"job {job_id} asks {asked}: {unmet}")
         yield PendingJob(
             str(job_id),
             GroupKey(
@@ -792,29 +840,31 @@ def iter_pending(jobs: list[Any], rules: DemandRules) -> Iterator[PendingJob]:
                 needs.min_gpu_memory_gib,
                 team,
                 priority_class,
-                # a shard job runs only where GPUs are time-sliced into shards: only such pools
+                # a shard or MIG job runs only where GPUs are shared its way: only such pools
                 # are bought for it (NodeShape.shares_like); its own group, never whole GPUs'
-                None if shards <= 0 else SharingMode.TIME_SLICING,
+                shared,
             ),
             float(submitted),
             copies,
             checkpointing.duration_s,
             fraction,
+            pieces,
+            hosts,
         )
-    if memo.unmet:
-        more = len(memo.unmet) - SHOWN_SKIPPED
+    _warn_left_out(memo.unmet, "pending shard or MIG job(s) no pool can host")
+    _warn_left_out(memo.skipped, "pending job(s) not counted as demand")
+
+
+def _warn_left_out(lines: list[str], what: str) -> None:
+    """One warning line for the jobs of a kind that demand leaves out or cannot meet, naming
+    the first few."""
+    if lines:
+        more = len(lines) - SHOWN_SKIPPED
         log.warning(
-            "squeue --json: %d pending shard job(s) no pool can host: %s%s",
-            len(memo.unmet),
-            "; ".join(memo.unmet[:SHOWN_SKIPPED]),
-            f" (and {more} more)" if more > 0 else "",
-        )
-    if memo.skipped:
-        more = len(memo.skipped) - SHOWN_SKIPPED
-        log.warning(
-            "squeue --json: %d pending job(s) not counted as demand: %s%s",
-            len(memo.skipped),
-            "; ".join(memo.skipped[:SHOWN_SKIPPED]),
+            "squeue --json: %d %s: %s%s",
+            len(lines),
+            what,
+            "; ".join(lines[:SHOWN_SKIPPED]),
             f" (and {more} more)" if more > 0 else "",
         )
 
@@ -831,20 +881,27 @@ def fold(
     pending: Iterator[PendingJob], shard_pools: tuple[GpuSharing, ...] | None = None
 ) -> list[DemandGroup]:
     """The same groups ``autoscaler.sources.aggregate`` makes of the jobs, without making them.
-    Shard jobs alike but for their shards are one group (of ``gpu_sharing`` time-slicing, apart
-    from the whole-GPU jobs of their shape, which could not run on their nodes' shards), their
-    fractions folded into whole GPUs of the ``shard_pools`` by the simulator's own rule
-    (``sharing.whole_gpus``)."""
+    Shard or MIG jobs alike but for their slices are one group (of ``gpu_sharing`` time-slicing
+    or MIG, apart from the whole-GPU jobs of their shape, which could not run on a slice), their
+    slices summed and rounded up once to whole GPUs of the pools that can host them
+    (``sharing.folded_gpus``: each as the host that cuts it coarsest would): a MIG job's, the
+    pools that list its profile; a shard job's, the time-slicing ``shard_pools``."""
+    shard_hosts = tuple(
+        s for s in shard_pools or () if s.mode is SharingMode.TIME_SLICING and s.replicas
+    )
     counts: dict[GroupKey, int] = {}
     named: dict[GroupKey, OldestJobs] = {}
     bounds: dict[GroupKey, float] = {}
-    sliced: dict[GroupKey, dict[Fraction, int]] = {}
+    sliced: dict[GroupKey, dict[tuple[Fraction, tuple[GpuSharing, ...]], int]] = {}
+    sliced_jobs: dict[GroupKey, int] = {}
     for item in pending:
         key = item.key
         submitted = item.submit_time
         if item.fraction is not None:
             fractions = sliced.setdefault(key, {})
-            fractions[item.fraction] = fractions.get(item.fraction, 0) + item.copies
+            asked = (item.fraction, item.hosts or shard_hosts)
+            fractions[asked] = fractions.get(asked, 0) + item.copies * item.pieces
+            sliced_jobs[key] = sliced_jobs.get(key, 0) + item.copies
         if key in counts:
             counts[key] += item.copies
             if submitted <= bounds[key]:
@@ -854,8 +911,8 @@ def fold(
             named[key] = OldestJobs(submitted, item.id)
             bounds[key] = math.inf
     for key, fractions in sliced.items():
-        whole = counts[key] - sum(fractions.values())
-        counts[key] = whole_gpus([(None, whole), *fractions.items()], shard_pools or ())
+        asks = [(fraction, jobs, hosts) for (fraction, hosts), jobs in fractions.items()]
+        counts[key] = folded_gpus(counts[key] - sliced_jobs[key], asks)
     return groups_from_counts(
         counts, {k: v.submitted() for k, v in named.items()}, {k: v.ids() for k, v in named.items()}
     )
@@ -925,7 +982,10 @@ def read_running_jobs(
     several nodes is listed on each. Unlike a comment, an allocation we cannot read fails the
     read: it is what the work at risk is counted in. A shard job holds one GPU of each node, and
     its shards' share of a GPU (``gpu_share``) where ``node_shards`` gives the node's shards and
-    GPUs (``sinfo``); a node it does not give leaves the share unknown, the GPU counted whole."""
+    GPUs (``sinfo``); a node it does not give leaves the share unknown, the GPU counted whole.
+    A job on MIG instances holds, on each node, the GPU they are cut from and their compute's
+    share of it (one ``1g.10gb``: 1/7), or the GPUs their compute adds up to, rounded up, when
+    that is a GPU or more, as the Kubernetes source and the simulator count a slice holder."""
     memo = _Memo(rules)
     qos_high = rules.high_priority_qos
     priority_min = rules.high_priority_min
@@ -951,6 +1011,7 @@ def read_running_jobs(
             )
             needs = memo.gpu_needs(job, _job_gpus(job, memo)[1])
             shares = _shares(job, nodes, gpus, memo, node_shards or {})
+            gpus, shares = _mig_held(job, nodes, gpus, shares, memo)
             job_id = str(_job_id(job))
             team = rules.team_names(job.get(rules.team_field)) if rules.team_field else None
             priority_class = rules.class_names(job.get("qos"))
@@ -999,6 +1060,35 @@ def _shares(
         else:
             shares.append(float(Fraction(shards * known[1], known[0])))
     return shares
+
+
+def _mig_held(
+    job: Fields, nodes: list[str], gpus: list[int], shares: list[float | None], memo: _Memo
+) -> tuple[list[int], list[float | None]]:
+    """The GPUs a job holds on each node and its share of one, with MIG instances (which Slurm
+    counts as GPUs) read as slices of a GPU: from its ``gres_detail`` entry for each node, else
+    its request's profile and Slurm's count of instances on the node."""
+    detail = job.get("gres_detail")
+    if isinstance(detail, list) and len(detail) == len(nodes):
+        held = [memo.migs(entry) if isinstance(entry, str) else ([], 0) for entry in detail]
+    else:
+        profile = _job_mig(job, memo)
+        if profile is None:
+            return gpus, shares
+        held = [([(profile, count)], 0) for count in gpus]
+    if not any(instances for instances, _ in held):
+        return gpus, shares
+    counted: list[int] = []
+    shared: list[float | None] = []
+    for (instances, whole), count, share in zip(held, gpus, shares, strict=True):
+        if not instances:
+            counted.append(count)
+            shared.append(share)
+            continue
+        compute = mig_share(instances)
+        counted.append(whole + math.ceil(compute))
+        shared.append(float(compute) if not whole and compute < 1 else None)
+    return counted, shared
 
 
 class QueuedJob(NamedTuple):

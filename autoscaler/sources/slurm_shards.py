@@ -19,15 +19,26 @@ use gives no shards, so:
   host (no pool shares, or none has N shards per GPU) is demand that cannot be met: it counts
   one GPU of a shape no pool offers, its reason written where the shape's model goes, so the
   controller reports it unhostable instead of buying a node it could not run on.
+
+MIG instances are not shards: Slurm (21.08 and later, `gres.html#MIG_Management`) treats each
+as a GPU of its own, with ``AutoDetect=nvml`` in ``gres.conf`` and a gres *type* per profile in
+``slurm.conf`` that must be a substring of the profile NVML reports (``nvidia_a100_3g.20gb``):
+``Gres=gpu:a100:1,gpu:a100_3g.20gb:2``, or ``gpu:1g.10gb:7``. A job asks
+``--gres=gpu:1g.10gb:1``: one instance, 1/7 of a GPU's compute. So a gpu gres type that ends
+in a MIG profile (``mig_type``) is read as a slice: pending, c/7 of a GPU per instance, folded
+against the pools that cut their GPUs in that profile (``mig_demand``), or demand no pool can
+host when none does; running, a GPU with its instances' share of it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import NamedTuple
 
-from autoscaler.model.sharing import GpuSharing, SharingMode
+from autoscaler.model.sharing import MIG_COMPUTE_SLICES, GpuSharing, SharingMode, mig_compute
 
 SHARD = "shard"
 _COUNT = re.compile(r"[0-9]{1,20}")
@@ -40,6 +51,9 @@ INT_MAX = 2**64 - 1
 # their shards stay one group of unhostable demand).
 NO_SHARDS = "gres/shard: no pool's nodes have shards (no pool shares its GPUs by time-slicing)"
 TOO_MANY_SHARDS = "gres/shard: more shards of one GPU than any pool's GPUs have (at most {most})"
+NO_MIG = "gres/gpu:{profile}: no pool's GPUs are cut in MIG {profile} instances"
+# a gres type naming a MIG profile, after the GPU's own type if any (``a100_3g.20gb``)
+_MIG_TYPE = re.compile(r"(?:(.+?)[_-])?([1-7]g\.[0-9]{1,4}gb(?:\+me)?)")
 
 
 class ShardSyntaxError(ValueError):
@@ -118,11 +132,14 @@ def _indices(tail: str, item: str) -> set[int] | None:
 
 
 def shard_pools(sharings: Sequence[GpuSharing | None]) -> tuple[GpuSharing, ...]:
-    """The sharings of the pools whose nodes have shards: those that share by time-slicing
-    (the join script gives their nodes ``replicas`` shards per GPU). A MIG pool's slices are
-    gres types of their own under Slurm, not shards, and a pool that does not share has none."""
+    """The sharings of the pools whose GPUs Slurm jobs can have a slice of: those that share
+    by time-slicing, whose nodes have shards (the join script gives them ``replicas`` per GPU),
+    and those cut in MIG instances, which Slurm names as gres types of their own (``mig_type``).
+    A pool that does not share has neither."""
     return tuple(
-        s for s in sharings if s is not None and s.mode is SharingMode.TIME_SLICING and s.replicas
+        s
+        for s in sharings
+        if s is not None and (s.mode is SharingMode.MIG or (s.replicas and s.replicas > 1))
     )
 
 
@@ -139,9 +156,9 @@ def shard_demand(
     of the trace is never fractional."""
     if pools is None:
         return None, None
-    if not pools:
+    replicas = [p.replicas for p in pools if p.mode is SharingMode.TIME_SLICING and p.replicas]
+    if not replicas:
         return None, NO_SHARDS
-    replicas = [p.replicas for p in pools if p.replicas]
     if shards > max(replicas):
         return None, TOO_MANY_SHARDS.format(most=max(replicas))
     if nodes > 1:
@@ -155,3 +172,80 @@ def held(whole: int, shards_held: int, shards: int, gpus: int) -> float:
     if shards <= 0 or gpus <= 0:
         return float(whole)
     return float(whole + Fraction(shards_held * gpus, shards))
+
+
+def mig_type(gres_type: str) -> tuple[str, str | None] | None:
+    """The MIG profile a gpu gres type names and the GPU type before it (``a100_1g.10gb``:
+    ``('1g.10gb', 'a100')``; ``1g.10gb``: ``('1g.10gb', None)``); None for a whole GPU's type."""
+    found = _MIG_TYPE.fullmatch(gres_type)
+    if found is None or mig_compute(found[2]) is None:
+        return None
+    return found[2], found[1]
+
+
+def mig_entries(text: str) -> tuple[list[tuple[str, int]], int]:
+    """The MIG instances a gres or TRES string names, as (profile, count), and its GPUs of a
+    type that is not MIG's (``gres:gpu:a100:1,gres:gpu:1g.10gb:2``: ``[('1g.10gb', 2)], 1``).
+    The string has been read by the GPU parser already, which refuses counts that are not
+    ones; what it would refuse counts nothing here."""
+    instances: list[tuple[str, int]] = []
+    whole = 0
+    for item in gres_items(text):
+        entry = item[5:] if item.startswith(("gres:", "gres/")) else item
+        parts = entry.split("(", 1)[0].split(":")
+        if parts[0] != "gpu" or len(parts) > 3:
+            continue
+        if len(parts) == 1:
+            kind, count = None, "1"
+        elif len(parts) == 2:
+            number = _COUNT.fullmatch(parts[1]) is not None
+            kind, count = (None, parts[1]) if number else (parts[1], "1")
+        else:
+            kind, count = parts[1], parts[2]
+        if not _COUNT.fullmatch(count):
+            continue
+        found = mig_type(kind) if kind else None
+        if found is None:
+            whole += int(count)
+        else:
+            instances.append((found[0], int(count)))
+    return instances, whole
+
+
+class SliceDemand(NamedTuple):
+    """What a pending job asking MIG instances is: ``gpus`` per node (1 for a slice), the share
+    of a GPU each of its ``pieces`` instances is (None: whole GPUs), the sharings of the pools
+    that can host it, and why none can (None: some can, or the pools are not known)."""
+
+    gpus: int
+    fraction: Fraction | None
+    pieces: int
+    hosts: tuple[GpuSharing, ...]
+    unmet: str | None
+
+
+def mig_demand(
+    profile: str, instances: int, nodes: int, pools: tuple[GpuSharing, ...] | None
+) -> SliceDemand:
+    """A pending job asking ``instances`` MIG instances of ``profile`` on each of ``nodes``
+    nodes, given the pools that share and join Slurm (None: not known, and each instance
+    counts a GPU, as Slurm counts it). A slice of the pools that list the profile: c/7 of a
+    GPU per instance, folded with the group's other slices; as many whole GPUs as its
+    instances' compute covers when that is a GPU or more, or over several nodes; one GPU of a
+    shape no pool offers, with its reason, when no pool lists the profile."""
+    if pools is None:
+        return SliceDemand(instances, None, 1, (), None)
+    hosts = tuple(p for p in pools if p.mode is SharingMode.MIG and profile in p.profiles)
+    if not hosts:
+        return SliceDemand(1, None, 1, (), NO_MIG.format(profile=profile))
+    compute = mig_compute(profile) or MIG_COMPUTE_SLICES
+    if nodes > 1 or instances * compute >= MIG_COMPUTE_SLICES:
+        gpus = math.ceil(Fraction(instances * compute, MIG_COMPUTE_SLICES))
+        return SliceDemand(gpus, None, 1, hosts, None)
+    return SliceDemand(1, Fraction(compute, MIG_COMPUTE_SLICES), instances, hosts, None)
+
+
+def mig_share(instances: Sequence[tuple[str, int]]) -> Fraction:
+    """The share of a GPU's compute MIG instances are, (profile, count) each."""
+    sevenths = sum(n * (mig_compute(p) or MIG_COMPUTE_SLICES) for p, n in instances)
+    return Fraction(sevenths, MIG_COMPUTE_SLICES)
