@@ -240,13 +240,35 @@ def test_a_pod_selecting_replicas_asks_k_of_them(k8s_api: K8sApi, source: Kubern
     assert one_gpu_jobs(source) == {(): 3}
 
 
-def test_where_some_pool_does_not_share_each_slice_is_a_gpu(
+def test_slices_are_folded_only_against_the_pools_that_can_host_them(
     k8s_api: K8sApi, source: KubernetesSource
 ) -> None:
+    """A slice group is bought only on pools that share its way (``NodeShape.shares_like``), so
+    a pool that does not share, or shares another way, neither rounds its slices up to a GPU
+    each nor cuts them coarser: six quarter pods are 2 GPUs of the 4-replica pool, however
+    many other pools there are."""
     source.know_pools([pool("ts-4", sliced(4)), pool("whole", None)])
     for i in range(6):
         k8s_api.put("pods", tried(slice_pod(f"q-{i}")))
-    assert one_gpu_jobs(source) == {(): 6}
+    assert one_gpu_jobs(source) == {(): 2}
+    # a MIG pool would cut a quarter as 2/7 (its smallest profile covering it): not a host
+    source.know_pools([pool("ts-4", sliced(4)), pool("mig", MIG), pool("whole", None)])
+    for i in range(6, 8):
+        k8s_api.put("pods", tried(slice_pod(f"q-{i}")))
+    assert one_gpu_jobs(source) == {(): 2}  # 8 x 1/4, not 8 x 2/7 (3)
+    # pods selecting 8 replicas run only on the 8-replica pool's GPUs, not the 4-replica one's
+    clear(k8s_api, "pods")
+    source.know_pools([pool("ts-4", sliced(4)), pool("ts-8", sliced(8))])
+    on_eight = {"nvidia.com/gpu.replicas": "8"}
+    for i in range(8):
+        k8s_api.put("pods", tried(pod(f"e-{i}", gpus=1, node_selector=on_eight)))
+    assert one_gpu_jobs(source) == {(): 1}  # 8 x 1/8, not 8 x 1/4 (2)
+    # the MIG pods beside them are folded against the MIG pool alone
+    source.know_pools([pool("ts-8", sliced(8)), pool("mig", MIG), pool("whole", None)])
+    for i in range(7):
+        k8s_api.put("pods", tried(slice_pod(f"m-{i}", 1, "nvidia.com/mig-1g.5gb")))
+    groups = {g.gpu_sharing: g.jobs for g in source.read(next(TICKS))}
+    assert groups == {SharingMode.TIME_SLICING: 1, SharingMode.MIG: 1}
     assert UNSHARED_SLICE not in source.reading_problems()
 
 
@@ -273,7 +295,7 @@ def test_a_slice_nothing_offers_is_demand_that_cannot_be_met(
     k8s_api.put("pods", tried(slice_pod("ts-a")))
     jobs = one_gpu_jobs(source)
     assert jobs[("a slice of a GPU cut in MIG 3g.20gb instances",)] == 1
-    assert jobs[()] == 1  # offered by the time-sliced pool; a whole GPU, as one pool is not
+    assert jobs[()] == 1  # a quarter of the time-sliced pool's GPU: one GPU
     assert source.reading_problems()[UNSHARED_SLICE] == 1
     assert any("default/mig" in line and "MIG 3g.20gb" in line for line in source.problems)
     # an on-prem node cut in that profile offers it (as the last node reading saw the nodes)

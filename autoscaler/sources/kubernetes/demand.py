@@ -29,9 +29,10 @@ each pod with its reason (``Reading.problems``, by kind, for the source's warnin
 
 A pending pod asking a slice of a shared GPU is a job of one GPU whose share of it (k of N
 replicas, a MIG instance's c/7) is folded with the other slices of its group into whole GPUs
-(``autoscaler.model.sharing.whole_gpus``, as the simulator tells the controller) against every
-pool's ``gpu_sharing``: their slices summed and rounded up where every pool shares, one GPU each
-where some pool does not (it would give each a whole GPU). A time-slicing pod that does not
+(``autoscaler.model.sharing.folded_gpus``) against the pools that can host it: their slices
+summed and rounded up once, each as the host that cuts it coarsest would. A pool that does not
+share, or shares another way, is not folded against: only pools that share the slice's way are
+bought for it (below), so it would never be given one of theirs. A time-slicing pod that does not
 select its replicas (``nvidia.com/gpu.shared: 1`` alone) is counted against the fewest replicas
 any pool or node that time-slices cuts a GPU in: the largest share it may take. A slice pod's
 group says how the GPUs it asks must be shared (``DemandGroup.gpu_sharing``, the slice's mode),
@@ -53,7 +54,7 @@ from fractions import Fraction
 from typing import Any
 
 from autoscaler.model import DemandGroup
-from autoscaler.model.sharing import GpuSharing, SharingMode, whole_gpus
+from autoscaler.model.sharing import GpuSharing, SharingMode, folded_gpus
 from autoscaler.sources.kubernetes.fit import NodeNeeds
 from autoscaler.sources.kubernetes.pods import (
     BadPodError,
@@ -197,7 +198,8 @@ def pending_demand(
     reading = Reading()
     times = Times()
     counts: dict[GroupKey, int] = {}
-    slices: dict[GroupKey, Counter[Fraction]] = {}
+    # per group, the slices asked: (share of a GPU, the sharings that can host it) -> pods
+    slices: dict[GroupKey, Counter[tuple[Fraction, tuple[GpuSharing, ...]]]] = {}
     oldest: dict[GroupKey, OldestJobs] = {}
     gangs: dict[str, _Gang] = {}
     bound_members: dict[str, int] = {}
@@ -235,10 +237,11 @@ def pending_demand(
             continue
         share: Fraction | None = None  # of one GPU, for a pod asking a slice of a shared one
         shared: SharingMode | None = None  # how the GPUs it asks a slice of must be shared
+        hosts: tuple[GpuSharing, ...] = ()  # the sharings that can give it its slice
         if not pod.gang and (found := _slice_of(obj, pod, rules)) is not None:
             wanted, pod = found
             shared = wanted.mode
-            share, pod = _share(pod, wanted, sharing, reading)
+            share, hosts, pod = _share(pod, wanted, sharing, reading)
             if share >= 1:
                 gpus, share = math.ceil(share), None
                 pod = replace(pod, gpus=gpus)
@@ -261,7 +264,7 @@ def pending_demand(
             continue
         if share is not None:
             key = _key(pod, 1, 1, rules.fold_classes, shared)
-            slices.setdefault(key, Counter())[share] += 1
+            slices.setdefault(key, Counter())[(share, hosts)] += 1
             add(key, pod.id, pod.created, whole=False)
             continue
         add(_key(pod, gpus, 1, rules.fold_classes, shared), pod.id, pod.created)
@@ -291,8 +294,8 @@ def pending_demand(
         add(key, name, first.created)
         reading.pending += len(gang.members) - 1
     for key, shares in slices.items():
-        asked = [(None, counts[key]), *((share, n) for share, n in shares.items())]
-        counts[key] = whole_gpus(asked, sharing.pools or ())
+        asked = [(share, n, hosts) for (share, hosts), n in shares.items()]
+        counts[key] = folded_gpus(counts[key], asked)
     reading.groups = groups_from_counts(
         counts,
         {k: v.submitted() for k, v in oldest.items()},
@@ -322,11 +325,14 @@ def _slice_of(obj: Any, pod: Pod, rules: PodRules) -> tuple[Slice, Pod] | None:
     )
 
 
-def _share(pod: Pod, wanted: Slice, sharing: Sharing, reading: Reading) -> tuple[Fraction, Pod]:
-    """The share of one GPU the pod's slice is, against the GPUs that offer it, and the pod.
-    Where none does, a whole GPU of a model no pool offers (said as ``unshared-gpu-slice``):
-    demand that cannot be met, never none; where nothing is known to judge by, a time-slicing
-    pod's replicas are unknown and it counts a whole GPU."""
+def _share(
+    pod: Pod, wanted: Slice, sharing: Sharing, reading: Reading
+) -> tuple[Fraction, tuple[GpuSharing, ...], Pod]:
+    """The share of one GPU the pod's slice is, against the GPUs that offer it, those GPUs'
+    sharings (what its slice is folded against), and the pod. Where none does, a whole GPU of
+    a model no pool offers (said as ``unshared-gpu-slice``): demand that cannot be met, never
+    none; where nothing is known to judge by, a time-slicing pod's replicas are unknown and it
+    counts a whole GPU, and no slice is folded (no hosts: a GPU each)."""
     hosts = sharing.hosts(wanted)
     if hosts is not None and not hosts:
         reading.said(
@@ -334,12 +340,14 @@ def _share(pod: Pod, wanted: Slice, sharing: Sharing, reading: Reading) -> tuple
             f"pod {pod.id} asks a slice of {wanted.describe()}, which no pool's gpu_sharing "
             "and no on-prem node offers",
         )
-        return Fraction(1), replace(
-            pod, gpu_models=(one_line(f"a slice of {wanted.describe()}", MODEL_SHOWN),)
+        return (
+            Fraction(1),
+            (),
+            replace(pod, gpu_models=(one_line(f"a slice of {wanted.describe()}", MODEL_SHOWN),)),
         )
     replicas = [s.replicas for s in hosts or () if s.mode is SharingMode.TIME_SLICING]
     share = wanted.share(min((r for r in replicas if r), default=None))
-    return (share if share is not None else Fraction(1)), pod
+    return (share if share is not None else Fraction(1)), tuple(hosts or ()), pod
 
 
 def _key(
