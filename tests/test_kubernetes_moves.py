@@ -19,7 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from k8s_api_emulator import K8sApi, merge_patch
-from k8s_cluster import JobController, bind, daemonset_owner, node, pod, schedule, wait_for
+from k8s_cluster import (
+    POD_GROUP,
+    JobController,
+    bind,
+    daemonset_owner,
+    finish,
+    node,
+    pod,
+    schedule,
+    wait_for,
+)
 from k8s_source_support import make_source
 from waits import bound
 
@@ -329,6 +339,317 @@ def test_a_move_that_fails_takes_its_hold_back(
     assert source.held_off() == []
 
 
+# -- binding: the room kept from the moment the moves are decided ------------------------------
+
+
+def annotated(k8s_api: K8sApi, name: str = GPU_NODE) -> list[dict[str, Any]]:
+    recorded = json.loads(holds_annotation(k8s_api, name) or "[]")
+    assert isinstance(recorded, list)
+    return recorded
+
+
+def tolerations(k8s_api: K8sApi, ident: str) -> list[dict[str, Any]]:
+    found = pod_at(k8s_api, ident)
+    assert found is not None
+    return list(found["spec"].get("tolerations") or [])
+
+
+def job_pod(
+    k8s_api: K8sApi, jobs: JobController, name: str, where: str, gpus: int = 4, **extra: Any
+) -> str:
+    """A Job's pod in ``team-b`` running on ``where``; returns its id."""
+    made = pod("t", "team-b", gpus=gpus, **extra)
+    template = {"metadata": {"labels": made["metadata"]["labels"]}, "spec": made["spec"]}
+    jobs.add_job(name, template, namespace="team-b")
+    (created,) = [p for p in k8s_api.items("pods") if p["metadata"]["name"].startswith(f"{name}-")]
+    bind(k8s_api, created["metadata"]["name"], "team-b", where)
+    return f"team-b/{created['metadata']['name']}"
+
+
+def test_bind_holds_the_node_at_once_and_keeps_other_pods_off_while_the_movers_checkpoint(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    k8s_api.put("nodes", node(GPU_NODE, 8))
+    k8s_api.put("nodes", node("gpu-z", 4))
+    first = job_pod(k8s_api, jobs, "first", GPU_NODE)
+    second = job_pod(k8s_api, jobs, "second", GPU_NODE)
+    k8s_api.put("pods", pod("owner", "team-a", gpus=8))
+    waiting = "team-a/owner"
+
+    before = time.time()
+    source.bind(waiting, [GPU_NODE])
+
+    assert pod_at(k8s_api, first) is not None and pod_at(k8s_api, second) is not None
+    assert k8s_api.served("DELETE") == [], "nothing is moved by a bind"
+    assert hold_taints(k8s_api) == [
+        {"key": HOLD_TAINT_KEY, "value": GPU_NODE, "effect": "NoSchedule"}
+    ]
+    (record,) = annotated(k8s_api)
+    assert record["for"] == waiting and record["bound"] is True and record["moved"] == []
+    assert before <= record["since"] <= time.time()
+    assert tolerations(k8s_api, waiting) == [HOLD_TOLERATION]
+    assert source.held_off() == [], "no pod is held off yet: none was moved"
+
+    # one mover leaves by itself (its checkpoint ended the pod) while the other checkpoints:
+    # a pod that is not the owner, tried before it, is kept off the room that came free
+    finish(k8s_api, first.split("/")[1], "team-b")
+    k8s_api.put("pods", pod("intruder", "team-c", gpus=4, priority=1000))
+    schedule(k8s_api)
+    assert bound_to(k8s_api, "team-c/intruder") == "gpu-z", "the free half is the owner's"
+    k8s_api.put("pods", pod("late", "team-c", gpus=4, priority=1000))
+    schedule(k8s_api)
+    assert bound_to(k8s_api, "team-c/late") is None
+    assert bound_to(k8s_api, waiting) is None, "the owner needs the whole node"
+
+    source.move_off(second, GPU_NODE, waiting)
+    (record,) = annotated(k8s_api)
+    assert record["bound"] is True
+    assert [m["job"] for m in record["moved"]] == [second], "added to the bound hold"
+    (held,) = source.held_off()
+    assert (held.job_id, held.node, held.for_job) == (second, GPU_NODE, waiting)
+    assert held.since >= record["since"]
+    assert tolerations(k8s_api, waiting) == [HOLD_TOLERATION], "no second toleration"
+
+    schedule(k8s_api)
+    assert bound_to(k8s_api, waiting) == GPU_NODE
+    assert bound_to(k8s_api, "team-c/late") is None
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    assert source.held_off() == []
+    schedule(k8s_api)
+
+
+def test_binding_again_to_the_same_nodes_writes_nothing(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    source.bind(waiting, [GPU_NODE])
+    recorded = holds_annotation(k8s_api)
+    patches = len(k8s_api.served("PATCH"))
+    source.bind(waiting, [GPU_NODE])
+    source.bind(waiting, [GPU_NODE, GPU_NODE])
+    assert len(k8s_api.served("PATCH")) == patches, "nothing written"
+    assert holds_annotation(k8s_api) == recorded
+    source.move_off(moved, GPU_NODE, waiting)
+    recorded = holds_annotation(k8s_api)
+    source.bind(waiting, [GPU_NODE])
+    assert holds_annotation(k8s_api) == recorded, "a bind after the move changes nothing"
+    assert tolerations(k8s_api, waiting) == [HOLD_TOLERATION]
+
+
+def test_binding_to_other_nodes_ends_the_binding_on_those_left_out(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-b", 4))
+    k8s_api.put("nodes", node("gpu-c", 4))
+    moved = borrower(k8s_api, jobs)
+    job_pod(k8s_api, jobs, "other", "gpu-c")
+    waiting = owner(k8s_api)
+    source.bind(waiting, [GPU_NODE])
+    source.move_off(moved, GPU_NODE, waiting)
+    source.bind(waiting, ["gpu-c"])
+    assert hold_taints(k8s_api, "gpu-c") and annotated(k8s_api, "gpu-c")[0]["bound"] is True
+    # the pod moved off gpu-a stays held off it, by a hold no longer bound
+    (left,) = read_holds(holds_annotation(k8s_api) or "")
+    assert not left.bound and [m.job for m in left.moved] == [moved]
+    assert hold_taints(k8s_api)
+    source.bind(waiting, ["gpu-b"])
+    assert hold_taints(k8s_api, "gpu-c") == [] and holds_annotation(k8s_api, "gpu-c") is None
+    assert {t["value"] for t in tolerations(k8s_api, waiting)} == {GPU_NODE, "gpu-c", "gpu-b"}
+
+
+@pytest.mark.parametrize("how", ["bound", "finished", "gone", "terminating"])
+def test_bind_is_refused_having_written_nothing_for_an_owner_that_waits_no_more(
+    k8s_api: K8sApi, source: KubernetesSource, how: str
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))
+    waiting = owner(k8s_api)
+    if how == "bound":
+        bind(k8s_api, "owner", "team-a", "gpu-z")
+    elif how == "finished":
+        k8s_api.mutate("pods", "owner", lambda p: p["status"].update(phase="Failed"), "team-a")
+    elif how == "gone":
+        k8s_api.remove("pods", "owner", "team-a")
+    else:
+        k8s_api.mutate(
+            "pods",
+            "owner",
+            lambda p: p["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z"),
+            "team-a",
+        )
+    with pytest.raises(SourceError, match="waits no more" if how != "gone" else "is gone"):
+        source.bind(waiting, [GPU_NODE])
+    assert k8s_api.served("PATCH") == []
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_a_bind_that_fails_on_one_node_takes_back_the_others(
+    k8s_api: K8sApi, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))
+    waiting = owner(k8s_api)
+    k8s_api.fail(403, times=1, path="/nodes/gpu-z")
+    with pytest.raises(SourceError, match="HTTP 403"):
+        source.bind(waiting, [GPU_NODE, "gpu-z"])
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    assert hold_taints(k8s_api, "gpu-z") == []
+    assert MAINTENANCE in node_of(k8s_api)["spec"]["taints"]
+
+
+@pytest.mark.parametrize("how", ["bound", "bound elsewhere", "deleted", "past its bound"])
+def test_a_bound_hold_ends_as_other_holds_do(
+    k8s_api: K8sApi, source: KubernetesSource, how: str
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-z", 4))
+    waiting = owner(k8s_api)
+    source.bind(waiting, [GPU_NODE])
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api), "kept while the owner waits"
+    if how == "bound":
+        bind(k8s_api, "owner", "team-a", GPU_NODE)
+    elif how == "bound elsewhere":
+        bind(k8s_api, "owner", "team-a", "gpu-z")
+    elif how == "deleted":
+        k8s_api.remove("pods", "owner", "team-a")
+    else:
+        source.mover.move_hold_s = 0.001
+        time.sleep(0.01)
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_a_restarted_controller_reads_a_binding_back_and_moves_into_it(
+    k8s_api: K8sApi,
+    jobs: JobController,
+    source: KubernetesSource,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu_node(k8s_api)
+    moved = borrower(k8s_api, jobs)
+    waiting = owner(k8s_api)
+    source.bind(waiting, [GPU_NODE])
+    recorded = holds_annotation(k8s_api)
+    restarted = make_source(k8s_api, monkeypatch, name="restarted")
+    try:
+        patches = len(k8s_api.served("PATCH"))
+        restarted.bind(waiting, [GPU_NODE])
+        assert len(k8s_api.served("PATCH")) == patches and holds_annotation(k8s_api) == recorded
+        restarted.move_off(moved, GPU_NODE, waiting)
+        (record,) = annotated(k8s_api)
+        assert record["bound"] is True and [m["job"] for m in record["moved"]] == [moved]
+        assert restarted.held_off() == source.held_off() != []
+        bind(k8s_api, "owner", "team-a", GPU_NODE)
+        restarted.apply_placement(Placement())
+        assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+    finally:
+        restarted.close()
+
+
+def test_a_hold_written_before_bind_existed_is_read_and_lifted(
+    k8s_api: K8sApi, source: KubernetesSource
+) -> None:
+    ours = {"key": HOLD_TAINT_KEY, "value": GPU_NODE, "effect": "NoSchedule"}
+    gpu_node(k8s_api)
+    waiting = owner(k8s_api)
+    uid = (pod_at(k8s_api, waiting) or {})["metadata"]["uid"]
+    old = [{"job": "team-b/t-1", "for": waiting, "for_uid": uid, "since": time.time()}]
+
+    def held(n: dict[str, Any]) -> None:
+        n["spec"]["taints"].append(ours)
+        n["metadata"]["annotations"] = {HOLDS_ANNOTATION: json.dumps(old)}
+
+    k8s_api.mutate("nodes", GPU_NODE, held)
+    (found,) = source.held_off()
+    assert (found.job_id, found.for_job, found.since) == ("team-b/t-1", waiting, old[0]["since"])
+    source.bind(waiting, [GPU_NODE])
+    assert len(annotated(k8s_api)) == 2, "the old hold is kept beside the binding"
+    bind(k8s_api, "owner", "team-a", GPU_NODE)
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
+
+
+def test_a_gang_is_bound_to_all_its_nodes_and_each_pod_tolerates_them(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    nodes = ["gpu-a", "gpu-b"]
+    for name in nodes:
+        k8s_api.put("nodes", node(name, 4))
+    k8s_api.put("nodes", node("gpu-z", 4))
+    movers = [job_pod(k8s_api, jobs, f"mover-{n}", n, priority=1000) for n in nodes]
+    group = {POD_GROUP: "train"}
+    for index in range(2):
+        k8s_api.put("pods", pod(f"train-{index}", "team-a", gpus=4, labels=group))
+    schedule(k8s_api)
+    gang = "team-a/train"
+
+    source.bind(gang, nodes)
+    for name in nodes:
+        (record,) = annotated(k8s_api, name)
+        assert (record["for"], record["gang"], record["bound"]) == (gang, True, True)
+        assert hold_taints(k8s_api, name)
+    for index in range(2):
+        assert {t["value"] for t in tolerations(k8s_api, f"team-a/train-{index}")} == set(nodes)
+
+    for mover, name in zip(movers, nodes, strict=True):
+        source.move_off(mover, name, gang)
+    assert {(h.job_id, h.node, h.for_job) for h in source.held_off()} == {
+        (m, n, gang) for m, n in zip(movers, nodes, strict=True)
+    }
+    # the movers' replacements, tried first, go elsewhere (one fits): the gang lands on its nodes
+    schedule(k8s_api)
+    assert {bound_to(k8s_api, f"team-a/train-{i}") for i in range(2)} == set(nodes)
+    source.apply_placement(Placement())
+    for name in nodes:
+        assert hold_taints(k8s_api, name) == [] and holds_annotation(k8s_api, name) is None
+
+
+def test_a_gang_pod_made_after_the_bind_gets_the_tolerations(
+    k8s_api: K8sApi, jobs: JobController, source: KubernetesSource
+) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("nodes", node("gpu-b", 4))
+    template = {"metadata": {}, "spec": pod("t", "team-a", gpus=4)["spec"]}
+    jobs.add_job("indexed", template, namespace="team-a", parallelism=2, indexed=True)
+    gang = "team-a/job/indexed"
+    source.bind(gang, [GPU_NODE, "gpu-b"])
+    members = [p for p in k8s_api.items("pods") if p["metadata"]["namespace"] == "team-a"]
+    assert len(members) == 2
+    for member in members:
+        assert len(member["spec"]["tolerations"]) == 2
+    # one pod is deleted before it started; its Job makes it again, without the tolerations
+    k8s_api.remove("pods", members[0]["metadata"]["name"], "team-a")
+    (again,) = jobs.recreated
+    assert not tolerations(k8s_api, again)
+    source.apply_placement(Placement())
+    assert {t["value"] for t in tolerations(k8s_api, again)} == {GPU_NODE, "gpu-b"}
+    assert hold_taints(k8s_api), "the gang still waits"
+    for member in k8s_api.items("pods"):
+        bind(k8s_api, member["metadata"]["name"], "team-a", GPU_NODE)
+    source.apply_placement(Placement())
+    assert hold_taints(k8s_api) == [] and hold_taints(k8s_api, "gpu-b") == []
+
+
+def test_a_gang_that_waits_no_more_is_not_bound(k8s_api: K8sApi, source: KubernetesSource) -> None:
+    gpu_node(k8s_api)
+    k8s_api.put("pods", pod("train-0", "team-a", gpus=4, labels={POD_GROUP: "train"}))
+    bind(k8s_api, "train-0", "team-a", "gpu-a")
+    with pytest.raises(SourceError, match="waits no more"):
+        source.bind("team-a/train", [GPU_NODE])
+    with pytest.raises(SourceError, match="is gone"):
+        source.bind("team-a/nothing", [GPU_NODE])
+    with pytest.raises(SourceError, match="not a pod"):
+        source.bind("team-a/x y", [GPU_NODE])
+    with pytest.raises(SourceError, match="no node"):
+        source.bind("team-a/train", [])
+    assert k8s_api.served("PATCH") == [] and hold_taints(k8s_api) == []
+
+
 # -- what is never moved -----------------------------------------------------------------------
 
 
@@ -539,6 +860,7 @@ def take_back(world: World, borrowed: dict[str, Any], wanted: dict[str, Any]) ->
     owner_id = f"{wanted['metadata']['namespace']}/{wanted['metadata']['name']}"
     arrived = world.clock.now()
     asked: list[str] = []
+    held_while_asked: list[bool] = []
     for _ in range(int(RECLAIM_WITHIN_S / TICK_S) + 10):  # the bound, and then some
         world.tick()
         found = pod_at(api, moved)
@@ -550,12 +872,15 @@ def take_back(world: World, borrowed: dict[str, Any], wanted: dict[str, Any]) ->
             )
             if value:
                 asked.append(value)
+                # bound when the moves were decided: held while the pod still checkpoints
+                held_while_asked.append(hold_taints(api) != [] and owner_id in str(annotated(api)))
         if bound_to(api, owner_id) is not None:
             break
     took = world.clock.now() - arrived
     assert bound_to(api, owner_id) == GPU_NODE, world.reports[-1]
     assert took <= RECLAIM_WITHIN_S, f"taken back after {took:.0f} s"
     assert asked, "the borrowing pod was asked to checkpoint first"
+    assert all(held_while_asked), "the node was held for the owner before the pod left"
     assert pod_at(api, moved) is None, "and then moved"
     (again,) = world.jobs.recreated
     assert bound_to(api, again) != GPU_NODE
