@@ -27,6 +27,7 @@ from autoscaler.model import (
     PoolView,
     SharingMode,
 )
+from autoscaler.model.sharing import GpuSharing
 
 HOUR = 3600.0
 
@@ -114,12 +115,23 @@ class Offer:
 
 
 class Slot(NamedTuple):
-    """Free room of one kind on a node: how many GPUs, and which GPUs they are."""
+    """Free room of one kind on a node: how many GPUs, which GPUs they are, and how a cloud
+    node's pool shares them (``gpu_sharing``, None: not shared): a slice need is placed only
+    where that is its way (``NodeShape.shares_like``, as for buying). On-prem room says no
+    sharing (the model does not carry an on-prem node's), and the sources count a slice as
+    demand only where a pool or an on-prem node offers it, so it is matched as before."""
 
     kind: Capacity
     free: int
     gpu_model: str | None = None
     gpu_memory_gib: float | None = None
+    gpu_sharing: GpuSharing | None = None
+
+    def hosts(self, shape: NodeShape) -> bool:
+        """Whether jobs of ``shape`` can take this room."""
+        return shape.accepts(self.free, self.gpu_model, self.gpu_memory_gib) and (
+            self.kind is Capacity.ONPREM or shape.shares_like(self.gpu_sharing)
+        )
 
 
 @dataclass
@@ -141,9 +153,10 @@ class Supply:
         count: int = 1,
         gpu_model: str | None = None,
         gpu_memory_gib: float | None = None,
+        gpu_sharing: GpuSharing | None = None,
     ) -> None:
         if free > 0 and count > 0:
-            key = Slot(kind, free, gpu_model, gpu_memory_gib)
+            key = Slot(kind, free, gpu_model, gpu_memory_gib, gpu_sharing)
             self.buckets[key] = self.buckets.get(key, 0) + count
 
     def free_gpus(self, kind: Capacity) -> int:
@@ -222,7 +235,11 @@ def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:
             continue
         free = node.gpus - node.gpus_allocated if node.joined else node.gpus
         result.add(
-            free, kind, gpu_model=pool.pool.gpu_model, gpu_memory_gib=pool.pool.gpu_memory_gib
+            free,
+            kind,
+            gpu_model=pool.pool.gpu_model,
+            gpu_memory_gib=pool.pool.gpu_memory_gib,
+            gpu_sharing=pool.pool.gpu_sharing,
         )
     result.idle.sort(key=_most_at_risk_first)
     return result
@@ -299,9 +316,10 @@ def can_ever_host(view: FleetView, need: Need) -> bool:
 
 def unmet(needs: list[Need], available: Supply) -> list[Need]:
     """Place needs into free room, tier by tier in the placement's order and best fit within a
-    tier, and return what is left. Only room on GPUs a job accepts counts, and a job of several
-    nodes takes room on that many distinct nodes or none. Idle nodes come last; any that takes
-    a job is kept (recorded in ``available.kept``)."""
+    tier, and return what is left. Only room on GPUs a job accepts counts (a slice's, on a pool
+    that shares its way: ``Slot.hosts``), and a job of several nodes takes room on that many
+    distinct nodes or none. Idle nodes come last; any that takes a job is kept (recorded in
+    ``available.kept``)."""
     left: list[Need] = []
     for need in needs:
         remaining = need.jobs
@@ -314,9 +332,7 @@ def unmet(needs: list[Need], available: Supply) -> list[Need]:
                 (
                     slot
                     for slot, count in available.buckets.items()
-                    if count > 0
-                    and slot.kind is kind
-                    and shape.accepts(slot.free, slot.gpu_model, slot.gpu_memory_gib)
+                    if count > 0 and slot.kind is kind and slot.hosts(shape)
                 ),
                 key=lambda s: (s.free, s.gpu_model or "", s.gpu_memory_gib or 0.0),
             )
@@ -341,10 +357,16 @@ def unmet(needs: list[Need], available: Supply) -> list[Need]:
                     nodes_used - 1,
                     slot.gpu_model,
                     slot.gpu_memory_gib,
+                    slot.gpu_sharing,
                 )
                 last_hosted = hosted - (nodes_used - 1) * per_node
                 available.add(
-                    slot.free - last_hosted * size, kind, 1, slot.gpu_model, slot.gpu_memory_gib
+                    slot.free - last_hosted * size,
+                    kind,
+                    1,
+                    slot.gpu_model,
+                    slot.gpu_memory_gib,
+                    slot.gpu_sharing,
                 )
         remaining = _place_on_idle(need, remaining, available)
         if remaining:
@@ -363,7 +385,14 @@ def _place_gangs(need: Need, remaining: int, slots: list[Slot], available: Suppl
             break
         used = min(take, available.buckets[slot])
         available.buckets[slot] -= used
-        available.add(slot.free - size, slot.kind, used, slot.gpu_model, slot.gpu_memory_gib)
+        available.add(
+            slot.free - size,
+            slot.kind,
+            used,
+            slot.gpu_model,
+            slot.gpu_memory_gib,
+            slot.gpu_sharing,
+        )
         take -= used
     return remaining - jobs
 
