@@ -487,6 +487,24 @@ def test_bind_is_refused_having_written_nothing_for_an_owner_that_waits_no_more(
     assert hold_taints(k8s_api) == [] and holds_annotation(k8s_api) is None
 
 
+@pytest.mark.parametrize("affinity", [False, True])
+def test_bind_is_refused_for_an_owner_that_chose_its_nodes(
+    k8s_api: K8sApi, source: KubernetesSource, affinity: bool
+) -> None:
+    gpu_node(k8s_api)
+    hostname = "kubernetes.io/hostname"
+    if affinity:
+        term = {"matchExpressions": [{"key": hostname, "operator": "In", "values": ["gpu-z"]}]}
+        required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        made = pod("owner", "team-a", gpus=4, affinity={"nodeAffinity": required})
+    else:
+        made = pod("owner", "team-a", gpus=4, node_selector={hostname: "gpu-z"})
+    k8s_api.put("pods", made)
+    with pytest.raises(SourceError, match=r"nodes of its own.*gpu-z"):
+        source.bind("team-a/owner", [GPU_NODE])
+    assert k8s_api.served("PATCH") == [] and hold_taints(k8s_api) == []
+
+
 def test_a_bind_that_fails_on_one_node_takes_back_the_others(
     k8s_api: K8sApi, source: KubernetesSource
 ) -> None:

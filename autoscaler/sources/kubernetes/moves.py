@@ -86,6 +86,7 @@ CONFLICT_TRIES = 5
 _POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 SHOWN = 120
+HOSTNAME = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,8 @@ class Owner:
     uid: str
     gang: bool
     pods: tuple[tuple[str, str, str], ...]
+    # the nodes it asks for by name (a pod's kubernetes.io/hostname selector or affinity)
+    pinned: str | None = None
 
 
 def hold_token(node: str) -> str:
@@ -310,20 +313,23 @@ class Mover:
                         f"{what}: the pod it makes room for, {owner_id}, waits no more "
                         f"({pod.phase}{' on ' + pod.node if pod.node else ''})"
                     )
-                return Owner(owner_id, pod.uid, False, ((pod.namespace, pod.name, pod.uid),))
+                pods = ((pod.namespace, pod.name, pod.uid),)
+                return Owner(owner_id, pod.uid, False, pods, _pinned(pod))
         members = self.gangs(namespace).get(owner_id, [])
         if not members:
             raise SourceError(
                 f"{what}: the pod it makes room for, {owner_id}, is gone (no pod of that name, "
                 "nor a pod group with a pod left)"
             )
-        waiting = tuple((p.namespace, p.name, p.uid) for p, _ in members if _waits(p))
+        pending = [p for p, _ in members if _waits(p)]
+        waiting = tuple((p.namespace, p.name, p.uid) for p in pending)
         if not waiting:
             raise SourceError(
                 f"{what}: the pod group it makes room for, {owner_id}, waits no more (its "
                 f"{len(members)} pod(s) run or leave)"
             )
-        return Owner(owner_id, "", True, waiting)
+        pinned = next((found for p in pending if (found := _pinned(p))), None)
+        return Owner(owner_id, "", True, waiting, pinned)
 
     def gangs(self, namespace: str | None = None) -> dict[str, list[tuple[Pod, list[Any]]]]:
         """Every gang's unfinished pods (of ``namespace`` alone, when given), each with its
@@ -357,6 +363,8 @@ class Mover:
         pending, or a node cannot be held."""
         what = f"{self.where}: bind {owner_id} to {', '.join(nodes)}"
         owner = self.owner(owner_id, what)
+        if owner.pinned is not None:
+            raise SourceError(f"{what}: not bound, it asks for nodes of its own ({owner.pinned})")
         now = time.time()
         added: list[str] = []
         tokens: list[str] = []
@@ -598,6 +606,19 @@ class Mover:
         spec = _map(obj, "spec")
         status = _map(obj, "status")
         return bool(spec.get("nodeName")) or status.get("phase") in ("Succeeded", "Failed")
+
+
+def _pinned(pod: Pod) -> str | None:
+    """What names the nodes ``pod`` asks for by name, if it does: a pod that chose its nodes
+    is not bound to others (as the Slurm adapter binds no job with a node list of its own)."""
+    for key, value in pod.needs.selector:
+        if key == HOSTNAME:
+            return f"nodeSelector {key}={value}"
+    for term in pod.needs.terms:
+        for key, operator, values in term:
+            if key == HOSTNAME and operator == "In":
+                return f"node affinity {key} in {', '.join(values)}"
+    return None
 
 
 def _waits(pod: Pod) -> bool:
