@@ -27,7 +27,13 @@ from hypothesis import strategies as st
 
 from autoscaler.model import DemandGroup, Market, Pool
 from autoscaler.model.sharing import GpuSharing, SharingMode
-from autoscaler.sources.slurm_json import DemandRules, demand_groups, read_running_jobs
+from autoscaler.sources.slurm_json import (
+    DemandRules,
+    NodeRules,
+    demand_groups,
+    read_nodes,
+    read_running_jobs,
+)
 from autoscaler.sources.slurm_shards import NO_MIG, mig_type, shard_pools
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -213,6 +219,32 @@ def test_running_mig_jobs_hold_a_gpu_and_their_instances_share_of_it() -> None:
         job["gres_detail"] = []
     again = read_running_jobs(json.dumps(document), DemandRules())["gpu-a"]
     assert {j.id: (j.gpus, j.gpu_share) for j in again} == running
+
+
+def test_a_node_of_mig_instances_counts_the_gpus_they_are_cut_from() -> None:
+    """``sinfo`` as the captured 22.05 prints a typed node, with MIG types: gpu-a is one A100 cut
+    in seven 1g.10gb instances (two in use) beside three whole A100s (one in use); gpu-b is the
+    docs' example, a whole A100 and one cut in two 3g.20gb instances, none in use."""
+    document = json.loads((DATA / "sinfo-shards.json").read_text())
+    nodes = {n["name"]: n for n in document["nodes"]}
+    nodes["gpu-a"].update(
+        gres="gpu:a100:3,gpu:a100_1g.10gb:7",
+        gres_used="gpu:a100:1(IDX:0),gpu:a100_1g.10gb:2(IDX:3-4)",
+    )
+    nodes["gpu-b"].update(
+        gres="gpu:a100:1,gpu:a100_3g.20gb:2",
+        gres_used="gpu:a100:0(IDX:N/A),gpu:a100_3g.20gb:0(IDX:N/A)",
+    )
+    nodes["dyn1"].update(gres="gpu:1g.10gb:14", gres_used="gpu:1g.10gb:3(IDX:0-2)")
+    read = {
+        n.name: (n.gpus, n.gpus_allocated, n.gpu_model)
+        for n in read_nodes(json.dumps(document), NodeRules("gpu-autoscaler", {"a100": "A100"}))
+    }
+    assert read == {
+        "gpu-a": (4, 2, "A100"),  # 3 whole + 1 cut; 1 whole in use + the cut one
+        "gpu-b": (2, 0, "A100"),
+        "dyn1": (2, 2, None),  # 14 sevenths; three instances may sit on both GPUs
+    }
 
 
 @settings(max_examples=60, deadline=None)

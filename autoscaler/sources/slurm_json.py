@@ -1339,6 +1339,7 @@ def _node(item: Any, rules: NodeRules) -> NodeGpus:
     try:
         gpus, model = parse_gpu_gres(gres)
         used, _ = parse_gpu_gres(gres_used)
+        gpus, used, model = _mig_gpus(gres, gres_used, gpus, used, model)
         shards = parse_shards(gres)[0] if "shard" in gres else 0
         shard_gpus = 0
         if "shard" in gres_used:
@@ -1374,6 +1375,27 @@ def _node(item: Any, rules: NodeRules) -> NodeGpus:
         shards=shards,
         shard_gpus=shard_gpus,
     )
+
+
+def _mig_gpus(
+    gres: str, gres_used: str, gpus: int, used: int, model: str | None
+) -> tuple[int, int, str | None]:
+    """A node's GPUs, those in use and its GPU type, with MIG instances (which Slurm counts as
+    GPUs: ``gpu:a100_1g.10gb:7`` is one A100 cut in seven) read as the GPUs they are cut from:
+    their compute summed and rounded up (a GPU's instances add up to at most 7 sevenths), and
+    as many in use as the instances in use could sit on, at most those GPUs (which GPU an
+    instance is cut from is not printed, so a node is never taken for emptier than it may be;
+    a cut GPU is no whole GPU's room anyway). Its type is the one before the profile."""
+    instances, _ = mig_entries(gres)
+    if not instances:
+        return gpus, used, model
+    cut = math.ceil(mig_share(instances))
+    whole = gpus - sum(count for _, count in instances)
+    taken, whole_used = mig_entries(gres_used)
+    in_use = sum(count for _, count in taken)
+    if model is not None and (found := mig_type(model)) is not None:
+        model = found[1]
+    return whole + cut, whole_used + min(in_use, cut), model
 
 
 def read_nodes(
