@@ -179,18 +179,20 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
     hold whatever ran there. A node of a multi-node job is replaced alone: its gang members that
     were not interrupted are still there for the job when it is requeued. The work is counted
     under the team the node was bought for (``CloudNode.team``), so its replacement is bought
-    for, and held to the limits of, the same team.
+    for, and held to the limits of, the same team. On a node whose pool shares its GPUs, the
+    one-GPU jobs (slices among them) are replaced as the GPUs they held (``_displaced_jobs``).
     """
     gone = leaving(view)
     pools = view.pool_by_name
-    sizes: dict[tuple[int, str | None, str | None], int] = {}
+    sizes: dict[tuple[int, str | None, str | None, SharingMode | None], int] = {}
     for node in view.instances:
         if node.instance_id not in gone or node.gpus_allocated <= 0:
             continue
         pool = pools.get(node.pool)
         model = pool.pool.gpu_model if pool is not None else None
-        for gpus in node.job_gpus or (node.gpus_allocated,):
-            key = (gpus, model, node.team)
+        sharing = pool.pool.gpu_sharing if pool is not None else None
+        for gpus, shared in _displaced_jobs(node, sharing):
+            key = (gpus, model, node.team, shared)
             sizes[key] = sizes.get(key, 0) + 1
     return [
         DemandGroup.model_construct(
@@ -203,11 +205,30 @@ def displaced(view: FleetView, checkpoint_interval_s: float | None) -> list[Dema
             min_gpu_memory_gib=None,
             oldest_submit_time=view.now,
             team=team,
+            gpu_sharing=shared,
         )
-        for (gpus, model, team), count in sorted(
-            sizes.items(), key=lambda kv: (-kv[0][0], kv[0][1] or "", kv[0][2] or "")
+        for (gpus, model, team, shared), count in sorted(
+            sizes.items(),
+            key=lambda kv: (-kv[0][0], kv[0][1] or "", kv[0][2] or "", kv[0][3] or ""),
         )
     ]
+
+
+def _displaced_jobs(
+    node: CloudNode, sharing: GpuSharing | None
+) -> list[tuple[int, SharingMode | None]]:
+    """The jobs of an interrupted node as (GPUs, how they must be shared). Where its pool
+    shares its GPUs and the scheduler says each job's GPUs, a job of several GPUs is replaced
+    whole, and the one-GPU jobs (a slice holder counts one: the GPU it sits on) as the GPUs
+    they held, each a one-GPU job of the pool's sharing mode: slices could run on no other
+    pool, and four quarter-GPU jobs on one GPU are one GPU to replace, not four."""
+    if sharing is None or node.job_gpus is None:
+        return [(gpus, None) for gpus in node.job_gpus or (node.gpus_allocated,)]
+    several = [gpus for gpus in node.job_gpus if gpus > 1]
+    singles = len(node.job_gpus) - len(several)
+    room = node.gpus_allocated - sum(several)
+    held = min(singles, room) if room > 0 else singles
+    return [(gpus, None) for gpus in several] + [(1, sharing.mode)] * held
 
 
 def supply(view: FleetView, idle: Iterable[CloudNode] = ()) -> Supply:

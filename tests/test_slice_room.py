@@ -19,13 +19,14 @@ from autoscaler.model import (
     DemandGroup,
     FleetView,
     InstanceState,
+    InterruptionNotice,
     Market,
     Pool,
     PoolView,
     PriceQuote,
 )
 from autoscaler.model.sharing import GpuSharing, SharingMode
-from policies.common import Need, needs_from, supply, unmet
+from policies.common import Need, displaced, needs_from, supply, unmet
 from policies.cost_aware import CostAwarePolicy
 
 NOW = 100_000.0
@@ -137,3 +138,21 @@ def test_slices_placed_never_exceed_the_free_gpus_of_the_pools_sharing_their_way
         assert placed <= free[pool]
     total = sum(merged.values()) - sum(left.values())
     assert total <= sum(free.values())
+
+
+def test_the_work_of_an_interrupted_sharing_node_is_replaced_as_the_gpus_it_held() -> None:
+    """Four quarter-GPU jobs on one GPU and a two-GPU job on a node of the time-slicing pool:
+    the replacement is the two-GPU job and one GPU of a time-slicing pool (the slices run on no
+    other), not five jobs of whole GPUs on any pool."""
+    node = _node("sliced", allocated=3).model_copy(update={"job_gpus": (1, 1, 1, 1, 2)})
+    plain = _node("plain", allocated=2, ident="i-p").model_copy(update={"job_gpus": (1, 1)})
+    view = _view([node, plain], []).model_copy(
+        update={
+            "notices": (
+                InterruptionNotice(instance_id="i-sliced", pool="sliced", received_at=NOW),
+                InterruptionNotice(instance_id="i-p", pool="plain", received_at=NOW),
+            )
+        }
+    )
+    found = sorted((g.gpus_per_job, g.jobs, g.gpu_sharing or "") for g in displaced(view, None))
+    assert found == [(1, 1, SharingMode.TIME_SLICING), (1, 2, ""), (2, 1, "")]
