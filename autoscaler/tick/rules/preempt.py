@@ -2,14 +2,17 @@
 ``preempts`` takes an on-prem node from running work of strictly lower classes, by checkpoint.
 
 After Kubernetes' scheduler preemption and Slurm's ``PreemptMode=REQUEUE`` by QOS, with the
-victims asked to checkpoint first: when a pending single-node job of such a class may run
-on-prem and no on-prem node has free room that fits it, the rule picks the on-prem node that
-frees room for it by moving the fewest GPUs (then jobs, then by name) of single-node jobs of a
-class of lower order (checkpointing jobs first, then the youngest: the least work lost, and the
-job that started last is the one expected to hold the GPUs longest). A job of an equal or higher
-class is never taken, nor a job spread over several nodes. Each is asked to checkpoint and
-requeued through the move path reclaim and on-prem rebalancing use (``MovesJobsOff.move_off``:
-it goes back to the queue and is kept off that node until the preempting job has started).
+victims asked to checkpoint first: when a pending job of such a class may run on-prem and no
+on-prem node has free room that fits it, the rule picks the on-prem node that frees room for it
+by moving the fewest GPUs (then jobs, then by name) of single-node jobs of a class of lower
+order (checkpointing jobs first, then the youngest: the least work lost, and the job that
+started last is the one expected to hold the GPUs longest). A job of k nodes gets k distinct
+nodes so freed, all or none (nodes with the room already count toward them; every move names
+all k, ``MoveJobs.together``); when k cannot be freed from strictly lower classes nothing is
+moved for it. A job of an equal or higher class is never taken, nor a job spread over several
+nodes (its gang is requeued whole; docs/teams.md). Each is asked to checkpoint and requeued
+through the move path reclaim and on-prem rebalancing use (``MovesJobsOff.move_off``: it goes
+back to the queue and is kept off that node until the preempting job has started).
 
 The bound is the class's ``preempt_within_s`` (else ``teams.reclaim_within_s``) from the
 submission of the group's longest-waiting job: each move carries it less one tick
@@ -36,7 +39,7 @@ from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
 from autoscaler.tick.rules.reclaim import Reclaim
-from autoscaler.tick.rules.taking import Claims, fewest_moved, greedy, room_lost
+from autoscaler.tick.rules.taking import Claims, Room, fewest_moved, greedy, room_lost
 
 RULE = "preempt"
 
@@ -68,25 +71,36 @@ def preempt(
         for job_id in group.oldest_jobs:
             if job_id in claims.served:
                 continue
-            choice = fewest_moved(view.onprem, running, group, claims, lower, job_id)
-            if choice is None:
+            room = fewest_moved(view.onprem, running, group, claims, lower, job_id)
+            if room is None:
                 break
-            node, chosen = choice
-            claims.claim(node, chosen, job_id)
-            victims = ", ".join(
-                sorted({f"{j.id} ({j.priority_class or 'no class'})" for j in chosen})
-            )
-            found.append(
-                MoveJobs(
-                    node,
-                    tuple(chosen),
-                    job_id,
-                    f"preempt on-prem {node} for job {job_id} of priority class "
-                    f"{group.priority_class} (order {cls.order}): {victims}",
-                    by=by,
-                )
-            )
+            claims.claim(room, job_id)
+            found.extend(_moves(room, group, cls, job_id, by))
     return Reclaim(found)
+
+
+def _moves(
+    room: Room, group: DemandGroup, cls: PriorityClass, job_id: str, by: float
+) -> list[MoveJobs]:
+    """One move for each node of the room with jobs to move, all with the same bound; a
+    multi-node job's name every node of its room (``together``), those already free too."""
+    together = room.together if group.nodes > 1 else ()
+    where = f" ({group.nodes} nodes: {', '.join(together)})" if together else ""
+    found = []
+    for node, chosen in room.moves:
+        victims = ", ".join(sorted({f"{j.id} ({j.priority_class or 'no class'})" for j in chosen}))
+        found.append(
+            MoveJobs(
+                node,
+                chosen,
+                job_id,
+                f"preempt on-prem {node} for job {job_id}{where} of priority class "
+                f"{group.priority_class} (order {cls.order}): {victims}",
+                by=by,
+                together=together,
+            )
+        )
+    return found
 
 
 def running_order(classes: Mapping[str, PriorityClass], job: RunningJob) -> int:
@@ -100,14 +114,13 @@ def running_order(classes: Mapping[str, PriorityClass], job: RunningJob) -> int:
 def _preempting_groups(
     view: FleetView, classes: Mapping[str, PriorityClass], placement: Placement
 ) -> list[tuple[DemandGroup, PriorityClass]]:
-    """Single-node groups of a class that preempts and may run on-prem, highest class first,
-    then the longest waiting."""
+    """Groups of a class that preempts and may run on-prem, highest class first, then the
+    longest waiting."""
     found = []
     for group in view.demand.groups:
         cls = resolve(classes, group.priority_class)
         if (
             cls.preempts
-            and group.nodes == 1
             and group.oldest_jobs
             and Capacity.ONPREM
             in placement.tiers(group.checkpoint_interval_s is not None, group.high_priority)

@@ -19,8 +19,16 @@ reclaims, not at the last tick that would still keep the bound: replayed on the 
 scenario, waiting for borrowed GPUs to come free by themselves cost as much and tripled
 research's p95 wait (docs/benchmarks.md). A job is entitled only while the team's on-prem
 GPUs, with those already being freed for it, stay within its guarantee once it starts (as
-Kueue admits by nominal quota). Multi-node jobs are neither reclaimed for nor moved (their gangs
-are requeued whole by Slurm; left for later, documented in docs/teams.md).
+Kueue admits by nominal quota), counting the whole job: all its nodes' GPUs.
+
+A job of k nodes gets k distinct on-prem nodes, each freeing its per-node share, all or none:
+when k cannot be freed from borrowers' GPUs beyond their guarantees (counted once over all k
+nodes), nothing is moved for it, since a part of a gang's room starts nothing. Nodes that have
+the room already count toward the k with nothing to move; every move for the job names all k
+(``MoveJobs.together``), so the guard grants them together and the job is bound to all of them
+when they are decided. Jobs of several nodes are never moved (their gangs are requeued whole:
+moving one would free its other nodes too, uncounted, and lose its work on all of them;
+docs/teams.md).
 
 Like on-prem rebalancing it runs before the policy, so the policy is shown the demand without
 the jobs room is being made for and does not buy cloud capacity for them as well.
@@ -36,7 +44,7 @@ from autoscaler.model.teams import UNASSIGNED, TeamsConfig
 from autoscaler.spi.sources import RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
-from autoscaler.tick.rules.taking import Claims, Pick, fewest_moved, room_lost
+from autoscaler.tick.rules.taking import Claims, Pick, Room, fewest_moved, room_lost
 
 RULE = "reclaim"
 
@@ -90,41 +98,60 @@ def reclaim(
         team = team_of(group.team)
         guarantee = teams.spec(group.team).guaranteed_gpus
         job_id = group.oldest_jobs[0]
-        need = group.gpus_per_job
+        need = group.gpus_per_job  # the whole job's, over all its nodes
         if job_id in claims.served or held.get(team, 0) + coming.get(team, 0) + need > guarantee:
             continue
-        choice = fewest_moved(
+        room = fewest_moved(
             view.onprem, running, group, claims, _borrowed(teams, team, held), job_id
         )
-        if choice is None:
+        if room is None:
             continue
-        node, chosen = choice
-        for job in chosen:
+        for job in room.jobs:
             held[team_of(job.team)] -= job.gpus
         coming[team] = coming.get(team, 0) + need
-        claims.claim(node, chosen, job_id)
+        claims.claim(room, job_id)
+        found.extend(_moves(room, group, job_id, guarantee, teams, tick_s))
+    return Reclaim(found)
+
+
+def _moves(
+    room: Room,
+    group: DemandGroup,
+    job_id: str,
+    guarantee: int,
+    teams: TeamsConfig,
+    tick_s: float,
+) -> list[MoveJobs]:
+    """One move for each node of the room with jobs to move, all with the same bound; a
+    multi-node job's name every node of its room (``together``), those already free too."""
+    team = team_of(group.team)
+    together = room.together if group.nodes > 1 else ()
+    where = f" ({group.nodes} nodes: {', '.join(together)})" if together else ""
+    found = []
+    for node, chosen in room.moves:
         lenders = ", ".join(sorted({team_of(j.team) for j in chosen}))
         found.append(
             MoveJobs(
                 node,
-                tuple(chosen),
+                chosen,
                 job_id,
-                f"reclaim on-prem {node} for team {team}'s job {job_id} ({need} GPU(s) of its "
-                f"{guarantee} guaranteed) from {lenders}",
+                f"reclaim on-prem {node} for team {team}'s job {job_id}{where} "
+                f"({group.gpus_per_job} GPU(s) of its {guarantee} guaranteed) from {lenders}",
                 by=group.oldest_submit_time + teams.reclaim_within_s - tick_s,
+                together=together,
             )
         )
+    return found
+
     return Reclaim(found)
 
 
 def _owner_groups(view: FleetView, teams: TeamsConfig, placement: Placement) -> list[DemandGroup]:
-    """Single-node groups of teams with a guarantee that may run on-prem, longest waiting
-    first."""
+    """Groups of teams with a guarantee that may run on-prem, longest waiting first."""
     groups = [
         g
         for g in view.demand.groups
-        if g.nodes == 1
-        and g.oldest_jobs
+        if g.oldest_jobs
         and teams.spec(g.team).guaranteed_gpus >= g.gpus_per_job
         and Capacity.ONPREM in placement.tiers(g.checkpoint_interval_s is not None, g.high_priority)
     ]
@@ -143,10 +170,15 @@ def _coming(view: FleetView, served: frozenset[str] | set[str]) -> dict[str, int
 
 
 def _borrowed(teams: TeamsConfig, owner: str, held: Mapping[str, float]) -> Pick:
-    """Take jobs of other teams only from what they hold beyond their own guarantee."""
+    """Take jobs of other teams only from what they hold beyond their own guarantee, less what
+    is already taken from them on the owner job's other nodes."""
 
-    def pick(candidates: Sequence[RunningJob], short: int) -> list[RunningJob] | None:
+    def pick(
+        candidates: Sequence[RunningJob], short: int, elsewhere: Sequence[RunningJob]
+    ) -> list[RunningJob] | None:
         spare = {team: gpus - teams.spec(team).guaranteed_gpus for team, gpus in held.items()}
+        for job in elsewhere:
+            spare[team_of(job.team)] = spare.get(team_of(job.team), 0) - job.gpus
         chosen: list[RunningJob] = []
         for job in candidates:
             if short <= 0:

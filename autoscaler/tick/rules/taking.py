@@ -1,8 +1,9 @@
-"""What reclaim and preemption share: which on-prem node frees room for a pending job by moving
+"""What reclaim and preemption share: which on-prem nodes free room for a pending job by moving
 the fewest GPUs of the jobs a rule may take, and what this tick's moves have claimed already.
 
 The rules differ only in whom they may take from (a borrowing team down to its guarantee, a
-lower priority class); each passes that as ``pick``.
+lower priority class); each passes that as ``pick``. A job of several nodes gets as many
+distinct nodes, each freeing its per-node share, all or none (``Room``).
 """
 
 from __future__ import annotations
@@ -11,13 +12,37 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.model import DemandGroup, OnPremNode
-from autoscaler.spi.sources import RunningJob
+from autoscaler.spi.sources import HeldOff, RunningJob
 from autoscaler.tick.intents import MoveJobs
 from autoscaler.tick.rules.rebalance_onprem import OnPremJobs
 
 # Chooses, from a node's movable jobs in the order they should go, those to move to free
-# ``short`` GPUs; None when they cannot.
-Pick = Callable[[Sequence[RunningJob], int], list[RunningJob] | None]
+# ``short`` GPUs there, given the jobs already chosen on the pending job's other nodes (a
+# multi-node job's: what a team may lend is counted once over all of them); None when they
+# cannot.
+Pick = Callable[[Sequence[RunningJob], int, Sequence[RunningJob]], list[RunningJob] | None]
+
+
+@dataclass(frozen=True)
+class Room:
+    """The on-prem nodes freed for one pending job, one for each node it asks for: each with the
+    jobs to move off it (none on a node that has the room already)."""
+
+    nodes: tuple[tuple[str, tuple[RunningJob, ...]], ...]
+
+    @property
+    def together(self) -> tuple[str, ...]:
+        """Every node of the room, moved off or already free: the job is bound to all of them."""
+        return tuple(name for name, _ in self.nodes)
+
+    @property
+    def moves(self) -> tuple[tuple[str, tuple[RunningJob, ...]], ...]:
+        """The nodes with jobs to move off, and those jobs."""
+        return tuple((name, jobs) for name, jobs in self.nodes if jobs)
+
+    @property
+    def jobs(self) -> tuple[RunningJob, ...]:
+        return tuple(job for _, jobs in self.nodes for job in jobs)
 
 
 @dataclass
@@ -28,9 +53,12 @@ class Claims:
     busy_nodes: set[str]
     leaving: set[str]
     served: set[str]
-    # pending job -> the node its latest hold binds it to (the scheduler starts it only there
-    # while that hold stands, so room elsewhere is no room for it)
-    bound: dict[str, str] = field(default_factory=dict)
+    # pending job -> the nodes its holds bind it to, the latest first (the scheduler starts it
+    # only there while those holds stand, so room elsewhere is no room for it); a job of k
+    # nodes counts the latest k
+    bound: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # nodes with free room counted toward a multi-node job's room this tick: no room for others
+    kept: set[str] = field(default_factory=set)
 
     @classmethod
     def of(
@@ -46,29 +74,44 @@ class Claims:
         busy: the Slurm adapter ends it at its next tick, and the simulator's lasts its bound."""
         started = {job.id for jobs in running.values() for job in jobs}
         held = [h for h in onprem.held if h.for_job not in lost and h.for_job not in started]
-        busy = {h.node for h in held} | {m.node for m in taken}
+        moved_off = {m.node for m in taken if m.jobs}
+        busy = {h.node for h in held} | {node for m in taken for node in m.nodes}
         busy |= {node for node, jobs in running.items() if any(j.id in onprem.moving for j in jobs)}
-        bound: dict[str, tuple[float, str]] = {}
-        for h in onprem.held:
-            if h.for_job not in bound or h.since >= bound[h.for_job][0]:
-                bound[h.for_job] = (h.since, h.node)
         return cls(
             busy,
             set(onprem.moving) | {j.id for m in taken for j in m.jobs},
             set(onprem.making_room_for) | {h.for_job for h in held} | {m.for_job for m in taken},
-            {job: node for job, (_, node) in bound.items()},
+            _bound(onprem.held),
+            {node for m in taken for node in m.together if node not in moved_off},
         )
 
-    def claim(self, node: str, jobs: Sequence[RunningJob], for_job: str) -> None:
-        self.busy_nodes.add(node)
-        self.leaving |= {job.id for job in jobs}
+    def claim(self, room: Room, for_job: str) -> None:
+        """Room made for ``for_job``: its nodes (the free ones of a multi-node job's too) and
+        their movers are no one else's this tick."""
+        self.busy_nodes.update(room.together)
+        if len(room.nodes) > 1:
+            self.kept.update(name for name, jobs in room.nodes if not jobs)
+        self.leaving |= {job.id for job in room.jobs}
         self.served.add(for_job)
 
 
+def _bound(held: Sequence[HeldOff]) -> dict[str, tuple[str, ...]]:
+    """Each pending job's held nodes, the latest hold's first."""
+    latest: dict[str, dict[str, float]] = {}
+    for h in held:
+        nodes = latest.setdefault(h.for_job, {})
+        nodes[h.node] = max(h.since, nodes.get(h.node, h.since))
+    return {
+        job: tuple(sorted(nodes, key=lambda n: (-nodes[n], n))) for job, nodes in latest.items()
+    }
+
+
 def room_lost(onprem: OnPremJobs, waiting: Collection[str], now: float, tick_s: float) -> set[str]:
-    """Pending jobs room was made for two ticks ago or more (their holds stand, no move for them
-    is under way) that still wait: the scheduler would have started them had the room stayed
-    free, so another job took it (one not held off that node, such as a job moved earlier)."""
+    """Pending jobs room was made for two ticks ago or more (any of their holds is that old, no
+    move for them is under way) that still wait: the scheduler would have started them had the
+    room stayed free, so another job took it (one not held off that node, such as a job moved
+    earlier). A multi-node job loses its room when any part of it was taken, a node moved off
+    or one that was free already: all its holds are let go and its k nodes found again."""
     return {
         h.for_job
         for h in onprem.held
@@ -81,7 +124,9 @@ def room_lost(onprem: OnPremJobs, waiting: Collection[str], now: float, tick_s: 
 def greedy(eligible: Callable[[RunningJob], bool]) -> Pick:
     """Take eligible jobs in order until enough GPUs are free."""
 
-    def pick(candidates: Sequence[RunningJob], short: int) -> list[RunningJob] | None:
+    def pick(
+        candidates: Sequence[RunningJob], short: int, _elsewhere: Sequence[RunningJob]
+    ) -> list[RunningJob] | None:
         chosen: list[RunningJob] = []
         for job in candidates:
             if short <= 0:
@@ -94,6 +139,24 @@ def greedy(eligible: Callable[[RunningJob], bool]) -> Pick:
     return pick
 
 
+@dataclass(frozen=True)
+class _Option:
+    """A node that could be part of the room: what moving its chosen jobs costs, and what to pick
+    from again once other nodes' jobs are chosen."""
+
+    moved: int
+    count: int
+    gpus: int
+    name: str
+    chosen: tuple[RunningJob, ...]
+    candidates: tuple[RunningJob, ...] = ()
+    short: int = 0
+
+    @property
+    def rank(self) -> tuple[int, int, int, str]:
+        return (self.moved, self.count, self.gpus, self.name)
+
+
 def fewest_moved(
     nodes: Sequence[OnPremNode],
     running: Mapping[str, Sequence[RunningJob]],
@@ -101,46 +164,86 @@ def fewest_moved(
     claims: Claims,
     pick: Pick,
     job_id: str | None = None,
-) -> tuple[str, list[RunningJob]] | None:
-    """The node that frees room for one of the group's jobs (``job_id``) by moving the fewest
-    GPUs (then jobs, then the smallest node, as the scheduler's best fit would, so that a big
-    node is left for a bigger job; then by name); None when a node already has room (the
-    scheduler starts the job there) or none can be freed. Single-node jobs only, those that
-    checkpoint first, then the youngest: the least work lost, and the job that started last is
-    expected to hold its GPUs longest. A job still bound to the node of an earlier hold
-    (``Claims.bound``) starts only there: free room on another node is no room for it, and a
-    move elsewhere binds it to that node instead."""
-    bound = claims.bound.get(job_id) if job_id is not None else None
-    need = group.gpus_per_job
-    shape = group.shape
-    options: list[tuple[int, int, int, str, list[RunningJob]]] = []
+) -> Room | None:
+    """The nodes, one for each of the job's ``group.nodes``, that free ``gpus_per_node`` each
+    for one of the group's jobs (``job_id``) by moving the fewest GPUs (then jobs, then the
+    smallest node, as the scheduler's best fit would, so that a big node is left for a bigger
+    job; then by name); None when enough nodes already have room (the scheduler starts the job
+    there) or not enough can be freed: a multi-node job's room is all its nodes or nothing,
+    since a part of it starts nothing. Nodes that have the room count toward it with nothing to
+    move. Single-node jobs only are moved (``_takeable``), those that checkpoint first, then the
+    youngest: the least work lost, and the job that started last is expected to hold its GPUs
+    longest. A job still bound to the nodes of earlier holds (``Claims.bound``) starts only
+    there: free room on another node is no room for it, and moves elsewhere bind it to their
+    nodes instead."""
+    k = group.nodes
+    bound = claims.bound.get(job_id, ())[:k] if job_id is not None else ()
+    need = group.gpus_per_node
+    free: list[_Option] = []
+    options: list[_Option] = []
     for node in nodes:
-        if not node.schedulable or not shape.accepts(
-            node.gpus, node.gpu_model, node.gpu_memory_gib
+        if (
+            not node.schedulable
+            or node.name in claims.kept
+            or not group.shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib)
         ):
             continue
-        free = node.gpus_free
-        if free >= need:
-            if bound is None or bound == node.name:
-                return None
+        if node.gpus_free >= need:
+            if not bound or node.name in bound:
+                free.append(_Option(0, 0, node.gpus, node.name, ()))
             continue
-        if node.name in claims.busy_nodes:
-            continue
-        candidates = sorted(
-            (j for j in running.get(node.name, ()) if _takeable(j) and j.id not in claims.leaving),
+        option = _movable(node, running.get(node.name, ()), need, claims, pick)
+        if option is not None:
+            options.append(option)
+    if len(free) >= k:
+        return None
+    return _cheapest(sorted([*free, *options], key=lambda o: o.rank), k, pick)
+
+
+def _movable(
+    node: OnPremNode, jobs: Sequence[RunningJob], need: int, claims: Claims, pick: Pick
+) -> _Option | None:
+    """What freeing ``need`` GPUs on ``node`` would move, on its own; None when it cannot."""
+    if node.name in claims.busy_nodes:
+        return None
+    candidates = tuple(
+        sorted(
+            (j for j in jobs if _takeable(j) and j.id not in claims.leaving),
             key=lambda j: (j.checkpoint_signal is None, -j.started_at, j.id),
         )
-        chosen = pick(candidates, need - free)
-        if chosen is not None:
-            moved = sum(j.gpus for j in chosen)
-            options.append((moved, len(chosen), node.gpus, node.name, chosen))
-    if not options:
+    )
+    short = need - node.gpus_free
+    chosen = pick(candidates, short, ())
+    if chosen is None:
         return None
-    _, _, _, name, chosen = min(options, key=lambda o: (o[0], o[1], o[2], o[3]))
-    return name, chosen
+    moved = sum(j.gpus for j in chosen)
+    return _Option(moved, len(chosen), node.gpus, node.name, tuple(chosen), candidates, short)
+
+
+def _cheapest(ranked: Sequence[_Option], k: int, pick: Pick) -> Room | None:
+    """The first ``k`` nodes in rank order whose jobs can still be taken once the nodes before
+    them are chosen (what a team lends is spent across a multi-node job's nodes); None when
+    fewer than ``k`` can."""
+    chosen: list[tuple[str, tuple[RunningJob, ...]]] = []
+    elsewhere: list[RunningJob] = []
+    for option in ranked:
+        jobs = option.chosen
+        if jobs and elsewhere:
+            again = pick(option.candidates, option.short, elsewhere)
+            if again is None:
+                continue
+            jobs = tuple(again)
+        chosen.append((option.name, jobs))
+        elsewhere.extend(jobs)
+        if len(chosen) == k:
+            return Room(tuple(chosen))
+    return None
 
 
 def _takeable(job: RunningJob) -> bool:
     """Single-node jobs on whole GPUs. A job on a slice of a shared GPU is never taken: moving
-    it frees no whole GPU while others share that GPU, so it would be lost work for nothing."""
+    it frees no whole GPU while others share that GPU, so it would be lost work for nothing. A
+    job of several nodes is never taken either: its gang is requeued whole (Slurm, the
+    simulator), so moving it would free its other nodes too, which the choice does not count,
+    and its work is lost on all of them (docs/teams.md)."""
     return job.nodes == 1 and job.gpu_share is None
