@@ -336,6 +336,8 @@ class Mover:
         tolerations as listed."""
         found: dict[str, list[tuple[Pod, list[Any]]]] = {}
         for obj in self.pods():
+            if not isinstance(obj, dict):
+                continue  # not a pod: demand names it, no gang is found through it
             if namespace is not None and _map(obj, "metadata").get("namespace") != namespace:
                 continue
             try:
