@@ -19,7 +19,12 @@ layout without on-demand twins (``legacy``: on-prem and on-demand nodes, ``legac
   spot nodes do run the jobs allowed there.
 * ``move_off``: a checkpointing job on an on-prem node checkpoints on request (the example job,
   reporting to a real inbox), is requeued, stays off that node until the protected job it made
-  room for has started there, and resumes from its checkpoint.
+  room for has started there, and resumes from its checkpoint. A job moved off two nodes in turn
+  stays off each until its own hold ends.
+* ``bind``: the pending job room is made for gets its ReqNodeList at once (one node, or exactly
+  two for a two-node job), waits for that room while other room is taken by others, and gets
+  its own list back once it started, left the queue or waited past the bound; a running job or
+  one that chose its nodes is refused.
 * The same through the real controller (``rebalance_onprem``): its rule picks the job, act asks
   it to checkpoint and moves it, the protected job starts on-prem and nothing is bought for it.
 
@@ -941,27 +946,60 @@ def test_a_moved_job_checkpoints_is_requeued_and_stays_off_the_node(
     assert cluster.job_field(moved.job_id, "NodeList") == "gpu-a"
 
 
-def test_the_job_room_is_made_for_is_bound_to_that_node_while_the_hold_stands(
+class _Counting(SlurmAdapter):
+    """The adapter, with every command it runs written down."""
+
+    commands: list[tuple[str, ...]]
+
+    def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        self.__dict__.setdefault("commands", []).append(args)
+        return super()._call(*args)
+
+
+def _counting(fleet: Fleet, **settings: Any) -> _Counting:
+    counting = _Counting.from_config(
+        {"slurm_conf": str(fleet.cluster.conf), **SETTINGS, **settings}, "hpc"
+    )
+    counting.commands = []
+    return counting
+
+
+def _hosts(cluster: SlurmCluster, expression: str) -> set[str]:
+    return set(cluster.run("scontrol", "show", "hostnames", expression).split())
+
+
+def _busy(cluster: SlurmCluster, node: str, gpus: int = 4) -> str:
+    """A job that takes ``gpus`` GPUs of ``node`` and may run only there, once it runs."""
+    job = cluster.sbatch("-p", "onprem", "-w", node, f"--gres=gpu:{gpus}", "--wrap", "sleep 600")
+    wait_for(f"{node} to run job {job}", lambda: cluster.job_field(job, "JobState") == "RUNNING")
+    return job
+
+
+def test_a_bound_job_waits_for_its_node_from_the_bind_and_gets_its_own_list_back_once_started(
     clean: Fleet,
 ) -> None:
-    """While the hold made for it stands, the pending job room was made for is bound to the
-    node (its ReqNodeList): room coming free on another node is left to others (here a
-    younger job takes it) and the job starts in the room made for it; once it has started and
-    is requeued, its own (empty) ReqNodeList is given back."""
+    """``bind``, when the moves are decided and before any job moved, sets the pending job's
+    ReqNodeList at once; binding again to the same node runs no command. Room coming free on
+    another node is left to others (here a younger job takes it) and the job starts in the room
+    made for it; its binding ends then, and once it is requeued its own (empty) ReqNodeList is
+    given back."""
     cluster = clean.cluster
-    slurm = clean.adapter(move_hold_s=600)
+    slurm = _counting(clean, move_hold_s=600)
     placement = CostAwarePolicy().placement
-    filler = cluster.sbatch("-p", "onprem", "-w", "gpu-b", "--gres=gpu:4", "--wrap", "sleep 600")
-    wait_for("gpu-b to be full", lambda: cluster.job_field(filler, "JobState") == "RUNNING")
-    stayer = cluster.sbatch("-p", "onprem", "-w", "gpu-a", "--gres=gpu:2", "--wrap", "sleep 600")
+    filler = _busy(cluster, "gpu-b")
+    stayer = _busy(cluster, "gpu-a", 2)
     mover = cluster.sbatch(
         "-p", "onprem", "--gres=gpu:2", "--exclude=i-0spot1", "--wrap", "sleep 600"
     )
-    wait_for(
-        "gpu-a to be full",
-        lambda: all(cluster.job_field(j, "JobState") == "RUNNING" for j in (stayer, mover)),
-    )
+    wait_for("gpu-a to be full", lambda: cluster.job_field(mover, "JobState") == "RUNNING")
     owner = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    slurm.bind(owner, ["gpu-a"])
+    assert cluster.job_field(owner, "ReqNodeList") == "gpu-a"
+    assert slurm.bound_to(owner) == ("gpu-a",)
+    slurm.commands.clear()
+    slurm.bind(owner, ["gpu-a"])
+    assert slurm.commands == [], "the same nodes again: nothing to do"
     slurm.move_off(mover, "gpu-a", owner)
     assert cluster.job_field(owner, "ReqNodeList") == "gpu-a"
     assert cluster.job_field(owner, "JobState") == "PENDING"  # gpu-a has 2 GPUs free of 4
@@ -983,12 +1021,8 @@ def test_the_job_room_is_made_for_is_bound_to_that_node_while_the_hold_stands(
 
     wait_for("the owner to start in the room made for it", owner_started)
     assert cluster.job_field(owner, "NodeList") == "gpu-a"
-
-    def hold_over() -> bool:
-        slurm.apply_placement(placement)
-        return not slurm.held_off()
-
-    wait_for("the hold to end, its work done", hold_over)
+    slurm.apply_placement(placement)
+    assert slurm.bound_to(owner) is None, "its binding ends once it started"
     cluster.run("scontrol", "requeue", owner)
 
     def given_back() -> bool:
@@ -996,6 +1030,172 @@ def test_the_job_room_is_made_for_is_bound_to_that_node_while_the_hold_stands(
         return cluster.job_field(owner, "ReqNodeList") == "(null)"
 
     wait_for("the owner's own node list back once it is pending", given_back)
+
+
+def test_a_binding_is_replaced_by_other_nodes_and_ends_at_its_bound_or_when_the_job_leaves(
+    clean: Fleet,
+) -> None:
+    """A binding lasts ``move_hold_s`` from the bind, no hold needed: past it, the job pending
+    still, its own ReqNodeList is given back. Binding to other nodes replaces the binding; a
+    job that leaves the queue takes its binding with it."""
+    cluster = clean.cluster
+    bound_s = 6.0
+    slurm = clean.adapter(move_hold_s=bound_s)
+    placement = CostAwarePolicy().placement
+    for node in ("gpu-a", "gpu-b"):
+        _busy(cluster, node)
+    owner = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    slurm.bind(owner, ["gpu-a"])
+    slurm.bind(owner, ["gpu-b"])
+    bound_at = time.monotonic()
+    assert cluster.job_field(owner, "ReqNodeList") == "gpu-b"
+    assert slurm.bound_to(owner) == ("gpu-b",)
+
+    def given_back() -> bool:
+        slurm.apply_placement(placement)
+        assert cluster.job_field(owner, "JobState") == "PENDING"
+        return cluster.job_field(owner, "ReqNodeList") == "(null)"
+
+    wait_for("the binding to end at its bound", given_back)
+    assert time.monotonic() - bound_at >= bound_s, "not before its bound"
+    assert slurm.bound_to(owner) is None
+
+    slurm.bind(owner, ["gpu-a"])
+    assert cluster.job_field(owner, "ReqNodeList") == "gpu-a", "a new binding"
+    cluster.run("scancel", owner)
+
+    def forgotten() -> bool:
+        slurm.apply_placement(placement)
+        return slurm.bound_to(owner) is None
+
+    wait_for("the binding of a cancelled job to end", forgotten)
+
+
+def test_a_job_that_is_not_pending_or_chose_its_nodes_is_not_bound(clean: Fleet) -> None:
+    """Refused with one clear error, the job unchanged: a running job, a job that asked for
+    nodes itself (``--nodelist``), a one-node job given two nodes (Slurm would keep it waiting
+    for both)."""
+    cluster = clean.cluster
+    slurm = clean.adapter()
+    running = _busy(cluster, "gpu-a")
+    _busy(cluster, "gpu-b")
+    chose = cluster.sbatch("-p", "onprem", "-w", "gpu-a", "--gres=gpu:4", "--wrap", "sleep 600")
+    single = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    with pytest.raises(SourceError, match="it is RUNNING, not pending"):
+        slurm.bind(running, ["gpu-b"])
+    with pytest.raises(SourceError, match=r"nodes of its own \(--nodelist gpu-a\)"):
+        slurm.bind(chose, ["gpu-b"])
+    with pytest.raises(SourceError, match=r"it asks 1 node\(s\), not 2"):
+        slurm.bind(single, ["gpu-a", "gpu-b"])
+    assert cluster.job_field(chose, "ReqNodeList") == "gpu-a"
+    assert cluster.job_field(single, "ReqNodeList") == "(null)"
+    assert slurm.bound_to(chose) is slurm.bound_to(single) is None
+
+
+def test_a_multi_node_job_is_bound_to_exactly_the_nodes_freed_for_it(clean: Fleet) -> None:
+    """A two-node job bound to gpu-a and gpu-b (in ``legacy``, with an on-demand node beside
+    them) does not start when gpu-a and the on-demand node are free, which an unbound two-node
+    job submitted after it takes; it starts on gpu-a and gpu-b once both are free."""
+    cluster = clean.cluster
+    slurm = clean.adapter(move_hold_s=600)
+    placement = CostAwarePolicy().placement
+    slurm.apply_placement(placement)
+    filler_a, filler_b = _busy(cluster, "gpu-a"), _busy(cluster, "gpu-b")
+    two = cluster.sbatch("-p", "legacy", "-N2", "--gres=gpu:4", "--wrap", "sleep 600")
+
+    slurm.bind(two, ["gpu-a", "gpu-b"])
+    assert _hosts(cluster, cluster.job_field(two, "ReqNodeList")) == {"gpu-a", "gpu-b"}
+    assert cluster.job_field(two, "NumNodes").startswith("2")
+    other = cluster.sbatch("-p", "legacy", "-N2", "--gres=gpu:4", "--wrap", "sleep 600")
+    cluster.run("scancel", filler_a)
+
+    def other_started() -> bool:
+        slurm.apply_placement(placement)
+        assert cluster.job_field(two, "JobState") == "PENDING", "bound to gpu-a and gpu-b"
+        return cluster.job_field(other, "JobState") == "RUNNING"
+
+    wait_for("the unbound job to take gpu-a and the on-demand node", other_started)
+    assert _hosts(cluster, cluster.job_field(other, "NodeList")) == {"gpu-a", ON_DEMAND_NODE}
+    assert slurm.bound_to(two) == ("gpu-a", "gpu-b")
+    cluster.run("scancel", other, filler_b)
+
+    def bound_started() -> bool:
+        slurm.apply_placement(placement)
+        return cluster.job_field(two, "JobState") == "RUNNING"
+
+    wait_for("the bound job to start on its two nodes", bound_started)
+    assert _hosts(cluster, cluster.job_field(two, "NodeList")) == {"gpu-a", "gpu-b"}
+    slurm.apply_placement(placement)
+    assert slurm.bound_to(two) is None
+
+
+def test_a_job_moved_off_two_nodes_stays_off_each_until_its_own_hold_ends(clean: Fleet) -> None:
+    """A job moved off gpu-a for one owner, then (having started on gpu-b) off gpu-b for
+    another, is kept off both: its ExcNodeList has its own exclusion and both nodes. The hold
+    off gpu-a ends when its owner starts there, and the job is still kept off gpu-b, where it
+    would fit, until that owner starts too; then its own list alone is back."""
+    cluster = clean.cluster
+    slurm = clean.adapter(move_hold_s=600)
+    placement = CostAwarePolicy().placement
+    filler_b = _busy(cluster, "gpu-b")
+    stayer_a = _busy(cluster, "gpu-a", 2)
+    moved = cluster.sbatch(
+        "-p", "onprem", "--gres=gpu:2", "--exclude=i-0spot1", "--wrap", "sleep 600"
+    )
+    assert _running_where(cluster, moved) == ["gpu-a"]
+    owner_a = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+    slurm.bind(owner_a, ["gpu-a"])
+    cluster.run("scancel", filler_b)
+    wait_for("gpu-b to be free", lambda: _state(cluster, "gpu-b").startswith("IDLE"))
+    slurm.move_off(moved, "gpu-a", owner_a)
+
+    def moved_started() -> bool:
+        slurm.apply_placement(placement)
+        return cluster.job_field(moved, "JobState") == "RUNNING"
+
+    wait_for("the moved job to start on gpu-b", moved_started)
+    assert cluster.job_field(moved, "NodeList") == "gpu-b"
+    stayer_b = _busy(cluster, "gpu-b", 2)
+    owner_b = cluster.sbatch("-p", "onprem", "--gres=gpu:4", "--wrap", "sleep 600")
+    slurm.bind(owner_b, ["gpu-b"])
+    slurm.move_off(moved, "gpu-b", owner_b)
+
+    assert {(h.job_id, h.node, h.for_job) for h in slurm.held_off()} == {
+        (moved, "gpu-a", owner_a),
+        (moved, "gpu-b", owner_b),
+    }
+    excluded = cluster.job_field(moved, "ExcNodeList")
+    assert _hosts(cluster, excluded) == {"i-0spot1", "gpu-a", "gpu-b"}
+    cluster.run("scancel", stayer_a)
+
+    def hold_a_over() -> bool:
+        slurm.apply_placement(placement)
+        assert cluster.job_field(moved, "JobState") == "PENDING", "kept off both nodes"
+        return {h.node for h in slurm.held_off()} == {"gpu-b"}
+
+    wait_for("the hold off gpu-a to end, its owner started there", hold_a_over)
+    assert cluster.job_field(owner_a, "NodeList") == "gpu-a"
+    assert _hosts(cluster, cluster.job_field(moved, "ExcNodeList")) == {"i-0spot1", "gpu-b"}
+    since = time.time()
+
+    def looked_at() -> bool:
+        slurm.apply_placement(placement)
+        assert cluster.job_field(moved, "JobState") == "PENDING", "back on gpu-b, its hold on"
+        return _looked_at(cluster, moved, since)
+
+    wait_for("the scheduler to pass the moved job over, gpu-b half free", looked_at)
+    cluster.run("scancel", stayer_b)
+
+    def hold_b_over() -> bool:
+        slurm.apply_placement(placement)
+        return not slurm.held_off()
+
+    wait_for("the hold off gpu-b to end, its owner started there", hold_b_over)
+    assert cluster.job_field(owner_b, "NodeList") == "gpu-b"
+    assert cluster.job_field(moved, "ExcNodeList") == "i-0spot1", "its own list alone"
+    assert cluster.job_field(moved, "JobState") == "PENDING"  # both nodes full
 
 
 def test_the_controller_rebalances_on_prem_live(

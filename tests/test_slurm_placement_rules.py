@@ -20,10 +20,13 @@ from autoscaler.model.errors import InputError, SourceError
 from autoscaler.sources.slurm import SlurmAdapter
 from autoscaler.sources.slurm_json import DemandRules, QueuedJob, read_queue
 from autoscaler.sources.slurm_placement import (
+    Binding,
     ForJob,
     Hold,
     QueueIndex,
     Step,
+    binding_steps,
+    exclusions,
     hold_steps,
     partition_plan,
     wanted_partitions,
@@ -148,6 +151,93 @@ def test_a_hold_found_over_stays_over_until_the_job_is_pending_again() -> None:
     assert hold_steps([hold], back, 500.0)[0].step is Step.RESTORE
 
 
+def test_a_job_is_kept_off_every_node_whose_hold_stands_and_gets_its_own_list_back_last() -> None:
+    off_a, off_b = _hold(), _hold(node="gpu-b", for_job="21", until=2000.0)
+    assert exclusions([off_a, off_b]) == "gpu-x,gpu-a,gpu-b"
+    waiting = QueuedJob("21", True, ("onprem",), True, False, False)
+    steps = hold_steps([off_a, off_b], _queue(MOVED_PENDING, FOR_THERE, waiting), 500.0)
+    assert [s.step for s in steps] == [Step.RESTORE, Step.KEEP]
+    assert exclusions([off_a, off_b]) == "gpu-x,gpu-b", "a's hold ended, b's stands"
+    off_b.over = True
+    assert exclusions([off_b]) == "gpu-x"
+    assert exclusions([_hold(excluded="", over=True)]) == ""
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["gpu-a", "gpu-b", "gpu-c"]),
+            st.sampled_from(["pending", "there", "gone"]),
+            st.floats(0, 1000),
+            st.floats(0, 1000),
+        ),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda h: h[0],
+    ),
+    st.floats(0, 1000),
+)
+def test_a_moved_job_is_kept_off_exactly_the_nodes_whose_holds_stand(
+    moves: list[tuple[str, str, float, float]], now: float
+) -> None:
+    """Whatever its holds' owners do and whenever the tick comes: the list written for a job
+    moved off several nodes is its own and the node of every hold not ended, and no other."""
+    holds, owners = [], []
+    for number, (node, owner, not_before, bound) in enumerate(moves):
+        owner_id = str(20 + number)
+        holds.append(_hold(node=node, for_job=owner_id, not_before=not_before, until=bound))
+        if owner != "gone":
+            where = () if owner == "pending" else (node,)
+            owners.append(
+                QueuedJob(owner_id, owner == "pending", ("onprem",), True, False, False, where)
+            )
+    hold_steps(holds, _queue(MOVED_PENDING, *owners), now)
+    standing = {
+        node
+        for node, owner, not_before, bound in moves
+        if now < not_before or (owner == "pending" and now < bound)
+    }
+    assert exclusions(holds).split(",") == ["gpu-x", *[h.node for h in holds if h.node in standing]]
+
+
+def _binding(**changes: object) -> Binding:
+    base: dict[str, object] = {
+        "for_job": "20",
+        "nodes": ("gpu-a", "gpu-b"),
+        "since": 0.0,
+        "until": 1000.0,
+        "applied": True,
+    }
+    return Binding(**{**base, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("binding", "queue", "now", "step"),
+    [
+        (_binding(), _queue(FOR_PENDING), 500.0, Step.KEEP),
+        (_binding(applied=False), _queue(FOR_PENDING), 500.0, Step.APPLY),
+        (_binding(), _queue(FOR_PENDING), 1000.0, Step.RESTORE),
+        (_binding(), _queue(FOR_THERE), 500.0, Step.KEEP),
+        (_binding(applied=False), _queue(FOR_THERE), 500.0, Step.DROP),
+        (_binding(), _queue(MOVED_PENDING), 500.0, Step.DROP),
+    ],
+)
+def test_a_binding_lasts_while_its_job_is_pending_within_its_bound(
+    binding: Binding, queue: QueueIndex, now: float, step: Step
+) -> None:
+    """Whatever the holds do: none is passed in."""
+    (found,) = binding_steps([binding], queue, now)
+    assert found.step is step
+
+
+def test_a_binding_found_over_is_given_back_once_its_job_is_pending_again() -> None:
+    binding = _binding()
+    assert binding_steps([binding], _queue(FOR_THERE), 500.0)[0].step is Step.KEEP
+    assert binding.over
+    assert binding_steps([binding], _queue(FOR_PENDING), 500.0)[0].step is Step.RESTORE
+
+
 def test_array_tasks_are_found_by_their_array_and_task() -> None:
     task = QueuedJob("31", False, ("gpu",), True, False, False, ("gpu-a",), array_task="30_2")
     waiting = QueuedJob("30", True, ("gpu",), True, False, False, array_pending="30")
@@ -227,7 +317,7 @@ def test_a_refused_update_is_one_clear_line(commands: Callable[[str], SlurmAdapt
     )
 
 
-def test_move_off_refuses_bad_names_before_any_command(
+def test_move_off_and_bind_refuse_bad_names_before_any_command(
     commands: Callable[[str], SlurmAdapter],
 ) -> None:
     slurm = commands("exit 1\n")
@@ -237,6 +327,12 @@ def test_move_off_refuses_bad_names_before_any_command(
         slurm.move_off("5", "gpu a", "6")
     with pytest.raises(SourceError, match="is not a job id"):
         slurm.move_off("5", "gpu-a", "")
+    with pytest.raises(SourceError, match="is not a job id"):
+        slurm.bind("5; rm", ["gpu-a"])
+    with pytest.raises(SourceError, match="is not a node name"):
+        slurm.bind("5", ["gpu-a", "gpu b"])
+    with pytest.raises(SourceError, match="no nodes"):
+        slurm.bind("5", [])
 
 
 json_values = st.recursive(

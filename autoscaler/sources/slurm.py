@@ -9,7 +9,8 @@ Cloud nodes are dynamic Slurm nodes named by their instance id and carrying ``cl
 and their market, pool and GPU model (``join-cloud-node.sh`` starts them), so what the cloud
 lists and what Slurm runs meet on one name. Placement is Slurm's own doing: node weights, spot
 nodes in partitions of their own that only jobs allowed on spot are put in, and exclusions that
-keep a job moved off an on-prem node away from it (``slurm_placement``). See docs/slurm.md for
+keep a job moved off an on-prem node away from it, and node lists that bind the job room is
+being made for to that room (``slurm_placement``). See docs/slurm.md for
 the slurm.conf lines and the ``--comment`` convention. With ``join_user_data`` the adapter also
 renders each cloud pool's boot script (``join_user_data``), which the providers put on the
 instances they launch.
@@ -69,9 +70,11 @@ from autoscaler.sources.slurm_json import (
 from autoscaler.sources.slurm_placement import (
     Binding,
     Hold,
+    HoldStep,
     QueueIndex,
     Step,
     binding_steps,
+    exclusions,
     hold_steps,
     partition_plan,
     requeued_order,
@@ -316,7 +319,7 @@ class _BusyError(SourceError):
 class SlurmAdapter:
     """Queue source (``read``), node source (``read_nodes``), workload scheduler, checkpointing
     scheduler (``running_jobs``, ``signal``, ``requeue``) and mover of jobs off on-prem nodes
-    (``move_off``)."""
+    (``move_off``, ``bind``)."""
 
     Settings = SlurmSettings  # what its ``settings`` hold (``gpu-autoscaler schema``)
 
@@ -347,11 +350,15 @@ class SlurmAdapter:
         self._empty_since: dict[str, float] = {}
         # each node's shards and GPUs as the last ``sinfo`` said (None: not read yet)
         self._node_shards: dict[str, tuple[int, int]] | None = None
-        self._holds: dict[str, Hold] = {}
-        # by the job room was made for: its binding to the node of its latest hold
+        # by moved job and node: a job moved off several nodes has a hold for each
+        self._holds: dict[tuple[str, str], Hold] = {}
+        # by the job room is being made for: its binding to the nodes freed for it (``bind``)
         self._bindings: dict[str, Binding] = {}
-        # move_off may run on the controller's worker threads while a tick reads the holds.
+        # move_off and bind may run on the controller's worker threads while a tick reads them.
         self._holds_lock = threading.Lock()
+        # held while a job's exclusions or node list are decided and written, so that a move
+        # or bind and a tick never write one job's list from two different readings
+        self._writing = threading.Lock()
         self._credential: float | None = None
         self._weight_partition: int | None = None
         self._order_checked: tuple[float, str | None] | None = None
@@ -609,14 +616,14 @@ class SlurmAdapter:
         )
         return (f"partition={','.join(order)}",) if order else ()
 
-    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue a job running on ``node`` and keep it off that node (its ``ExcNodeList``, with
         its own exclusions kept) until ``for_job`` has started there, has started elsewhere or
         has left the queue, or ``move_hold_s`` has passed, and in any case until Slurm's job
         credential lifetime (``cred_expire``) has passed since the requeue: a job that starts
         again sooner on the node it left is killed there for good. ``apply_placement`` lifts
-        the hold. Meanwhile, with ``bind``, ``for_job``, pending, is bound to ``node`` (its
-        ``ReqNodeList``; ``slurm_placement.Binding``) unless it asked for nodes itself.
+        the hold. A job moved off several nodes in turn has a hold for each, and stays off every
+        node whose hold stands (``slurm_placement.exclusions``).
 
         The exclusion is set in the same ``scontrol update`` that lifts the begin-time hold
         Slurm puts on a requeued job, so the job cannot start anywhere before it is in place; a
@@ -638,6 +645,7 @@ class SlurmAdapter:
         if required and node in self._hostnames(required):
             raise SourceError(f"{what}: it asked for that node (--nodelist {required[:80]})")
         credential_s = self._credential_s()
+        own = self._own_exclusions(job, excluded)
         self._run("scontrol", "requeue", job)
         requeued = time.monotonic()
         hold = Hold(
@@ -647,52 +655,104 @@ class SlurmAdapter:
             since=time.time(),
             not_before=requeued + credential_s + CREDENTIAL_MARGIN_S,
             until=requeued + max(self.settings.move_hold_s, credential_s + CREDENTIAL_MARGIN_S),
-            excluded=excluded,
+            excluded=own,
         )
         with self._holds_lock:
-            self._holds[job] = hold
+            self._holds[(job, node)] = hold
         state, partitions = self._settled(job)
         if state == "PENDING":
-            self._apply_hold(hold, self._reorder(partitions))
-        if bind:
-            self._bind(target, node)
+            failure = self._write_exclusions(job, self._reorder(partitions))
+            if failure:
+                log.warning(
+                    "job %s requeued off %s; its exclusion is retried: %s", job, node, failure
+                )
 
-    def _bind(self, for_job: str, node: str) -> None:
-        """Bind the pending ``for_job`` to ``node``, the node of its latest hold."""
-        line = self._run("squeue", "-h", "-j", for_job, "-o", "%T|%n").decode(errors="replace")
-        state, _, required = line.strip().partition("|")
-        if state != "PENDING":
-            return
+    def _own_exclusions(self, job: str, shown: str) -> str:
+        """The job's own ``ExcNodeList``: as its holds keep it when it has some (what Slurm
+        shows then has their nodes in it), else as Slurm shows it."""
         with self._holds_lock:
-            binding = self._bindings.get(for_job)
-            if binding is not None and not binding.over:
-                binding.node = node
-                binding.applied = False
-            elif required and not (binding is not None and required == binding.node):
-                return  # its own --nodelist: left as the user asked
-            else:
-                self._bindings[for_job] = binding = Binding(for_job, node)
-        self._apply_binding(binding)
+            kept = [h.excluded for (moved, _), h in self._holds.items() if moved == job]
+        return kept[0] if kept else shown
+
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        """Bind the pending ``for_job`` to ``nodes`` (its ``ReqNodeList``, all of them in one
+        ``scontrol update``; ``slurm_placement.Binding``) until it has started, has left the
+        queue, or ``move_hold_s`` has passed since; ``apply_placement`` gives its own (empty)
+        list back then. Binding again to the same nodes runs no command and keeps the bound;
+        other nodes replace the binding and start its bound afresh. A job that is not pending,
+        that asked for nodes itself (``--nodelist``), or that asks fewer nodes than ``nodes``
+        (Slurm would keep it waiting for nodes it never takes) is refused, unchanged."""
+        job = _check_job(for_job)
+        wanted = tuple(dict.fromkeys(nodes))
+        for node in wanted:
+            _check_node(node)
+        if not wanted:
+            raise SourceError(f"bind job {job}: no nodes to bind it to")
+        with self._writing:
+            self._bind(job, wanted)
+
+    def _bind(self, job: str, wanted: tuple[str, ...]) -> None:
+        """``bind``'s decision and write, under ``_writing``."""
+        with self._holds_lock:
+            current = self._bindings.get(job)
+        if current is not None and not current.over and set(current.nodes) == set(wanted):
+            return
+        what = f"bind job {job} to {','.join(wanted)[:80]}"
+        line = self._run("squeue", "-h", "-j", job, "-o", "%T|%n|%D").decode(errors="replace")
+        fields = line.strip().split("|")
+        if len(fields) != 3:
+            raise SourceError(f"{what}: it is not in the queue")
+        state, required, count = fields
+        if state != "PENDING":
+            raise SourceError(f"{what}: it is {state[:40]}, not pending")
+        ours = current is not None and set(self._hostnames(required)) == set(current.nodes)
+        if required and not ours:
+            raise SourceError(f"{what}: it asked for nodes of its own (--nodelist {required[:80]})")
+        if count.isdigit() and len(wanted) > int(count):
+            raise SourceError(f"{what}: it asks {count} node(s), not {len(wanted)}")
+        self._run("scontrol", "update", f"jobid={job}", f"reqnodelist={','.join(wanted)}")
+        now = time.monotonic()
+        binding = Binding(job, wanted, now, now + self.settings.move_hold_s, applied=True)
+        with self._holds_lock:
+            self._bindings[job] = binding
+        log.info("job %s bound to %s", job, binding.node_list)
+
+    def bound_to(self, job_id: str) -> tuple[str, ...] | None:
+        """The nodes ``job_id`` is bound to while its binding stands, else None."""
+        with self._holds_lock:
+            binding = self._bindings.get(job_id)
+        return binding.nodes if binding is not None and not binding.over else None
 
     def _apply_binding(self, binding: Binding) -> None:
-        failure = self._update_jobs((binding.for_job,), f"reqnodelist={binding.node}")
+        with self._writing:
+            if not self._is_current(binding):
+                return
+            failure = self._update_jobs((binding.for_job,), f"reqnodelist={binding.node_list}")
         if failure:
             log.warning(
                 "job %s not bound to %s; retried next tick: %s",
                 binding.for_job,
-                binding.node,
+                binding.node_list,
                 failure,
             )
             return
         binding.applied = True
 
     def _unbind(self, binding: Binding, why: str) -> str | None:
-        """Give the job its own ``ReqNodeList`` back."""
-        failure = self._update_jobs((binding.for_job,), f"reqnodelist={binding.required}")
+        """Give the job its own (empty) ``ReqNodeList`` back, unless a bind replaced the
+        binding since the tick read it."""
+        with self._writing:
+            if not self._is_current(binding):
+                return None
+            failure = self._update_jobs((binding.for_job,), "reqnodelist=")
         if failure is None:
             self._forget_binding(binding)
-            log.info("job %s no longer bound to %s: %s", binding.for_job, binding.node, why)
+            log.info("job %s no longer bound to %s: %s", binding.for_job, binding.node_list, why)
         return failure
+
+    def _is_current(self, binding: Binding) -> bool:
+        with self._holds_lock:
+            return self._bindings.get(binding.for_job) is binding
 
     def _forget_binding(self, binding: Binding) -> None:
         with self._holds_lock:
@@ -719,29 +779,41 @@ class SlurmAdapter:
 
     def _forget_hold(self, hold: Hold) -> None:
         with self._holds_lock:
-            if self._holds.get(hold.job_id) is hold:
-                del self._holds[hold.job_id]
+            if self._holds.get((hold.job_id, hold.node)) is hold:
+                del self._holds[(hold.job_id, hold.node)]
 
-    def _apply_hold(self, hold: Hold, reorder: tuple[str, ...] = ()) -> None:
-        excluded = f"{hold.excluded},{hold.node}" if hold.excluded else hold.node
-        try:
-            self._run(
-                "scontrol",
-                "update",
-                f"jobid={hold.job_id}",
-                f"excnodelist={excluded}",
-                RELEASED,
-                *reorder,
-            )
-        except SourceError as exc:
-            log.warning(
-                "job %s requeued off %s; its exclusion is retried next tick: %s",
-                hold.job_id,
-                hold.node,
-                exc,
-            )
-            return
-        hold.applied = True
+    def _write_exclusions(
+        self, job: str, reorder: tuple[str, ...] = (), whys: Mapping[str, str] | None = None
+    ) -> str | None:
+        """Write the ``ExcNodeList`` the job's holds want (``exclusions``: its own list and the
+        nodes of the holds that stand), lifting Slurm's begin-time hold too while one of them is
+        not in place yet; then the holds that were over are gone (``whys`` by node says why)
+        and the others are in place. None when done, else the failure."""
+        with self._writing:
+            return self._write_held(job, reorder, whys or {})
+
+    def _write_held(
+        self, job: str, reorder: tuple[str, ...], whys: Mapping[str, str]
+    ) -> str | None:
+        """``_write_exclusions``' reading and write, under ``_writing``."""
+        with self._holds_lock:
+            holds = [h for (moved, _), h in self._holds.items() if moved == job]
+        if not holds:
+            return None
+        assignments = [f"excnodelist={exclusions(holds)}"]
+        if not all(h.applied for h in holds):
+            assignments.append(RELEASED)
+        failure = self._update_jobs((job,), *assignments, *reorder)
+        if failure:
+            return failure
+        for hold in holds:
+            if hold.over:
+                self._forget_hold(hold)
+                why = whys.get(hold.node, "its work was done")
+                log.info("hold of job %s off %s lifted: %s", job, hold.node, why)
+            else:
+                hold.applied = True
+        return None
 
     def _hostnames(self, expression: str) -> list[str]:
         """Node names of a Slurm host list (``gpu-[01-03],gpu-x``); expanded by ``scontrol``
@@ -793,7 +865,8 @@ class SlurmAdapter:
           ``on_demand_partitions`` also the on-demand twins, and every judged job's partitions
           in the placement's tier order (``autoscaler.sources.slurm_placement``), after a check
           that Slurm will try them in that order (``_order_problem``).
-        * Holds of jobs moved off a node (``move_off``) that have done their work are lifted.
+        * Holds of jobs moved off a node (``move_off``) that have done their work are lifted,
+          and bindings (``bind``) whose job started, left or waited past the bound end.
 
         Each part is done even when another failed; the first failure is raised after."""
         self._placement = placement
@@ -884,22 +957,13 @@ class SlurmAdapter:
         and one per group of jobs given the same partitions."""
         queue = self._fresh_queue()
         failures: list[str] = []
-        steps = hold_steps(self._holds_now(), QueueIndex.of(queue), time.monotonic())
-        for step in steps:
-            if step.step is Step.DROP:
-                self._forget_hold(step.hold)
-                log.info(
-                    "hold of job %s off %s ends: %s", step.hold.job_id, step.hold.node, step.why
-                )
-            elif step.step is Step.APPLY:
-                self._apply_hold(step.hold)
-            elif step.step is Step.RESTORE:
-                failure = self._restore(step.hold, step.why)
-                if failure:
-                    failures.append(failure)
+        index = QueueIndex.of(queue)
+        now = time.monotonic()
+        steps = hold_steps(self._holds_now(), index, now)
+        failures += self._apply_holds(steps)
         with self._holds_lock:
             bindings = list(self._bindings.values())
-        for bound in binding_steps(bindings, self._holds_now(), QueueIndex.of(queue)):
+        for bound in binding_steps(bindings, index, now):
             if bound.step is Step.DROP:
                 self._forget_binding(bound.binding)
             elif bound.step is Step.APPLY:
@@ -935,6 +999,29 @@ class SlurmAdapter:
                     failures.append(failure)
         return failures
 
+    def _apply_holds(self, steps: Sequence[HoldStep]) -> list[str]:
+        """Carry out this tick's hold steps: one ``scontrol update`` per moved job whose holds
+        changed (one applied, one over), with every hold of that job in it. A failed restore is
+        a failure of the tick; a failed exclusion is retried next tick."""
+        failures: list[str] = []
+        changed: dict[str, list[HoldStep]] = {}
+        for step in steps:
+            if step.step is Step.DROP:
+                self._forget_hold(step.hold)
+                log.info(
+                    "hold of job %s off %s ends: %s", step.hold.job_id, step.hold.node, step.why
+                )
+            elif step.step in (Step.APPLY, Step.RESTORE):
+                changed.setdefault(step.hold.job_id, []).append(step)
+        for job, mine in changed.items():
+            whys = {s.hold.node: s.why for s in mine if s.step is Step.RESTORE}
+            failure = self._write_exclusions(job, whys=whys)
+            if failure and whys:
+                failures.append(failure)
+            elif failure:
+                log.warning("job %s: its exclusion is retried next tick: %s", job, failure)
+        return failures
+
     def _fresh_queue(self) -> list[QueuedJob]:
         """The queue as this tick's ``read`` found it (one ``squeue`` serves demand and
         placement), or read now when no recent read left it. Jobs submitted since wait for the
@@ -951,17 +1038,6 @@ class SlurmAdapter:
         with self._holds_lock:
             bound = set(self._bindings)
         return frozenset(i for h in self._holds_now() for i in (h.job_id, h.for_job)) | bound
-
-    def _restore(self, hold: Hold, why: str) -> str | None:
-        """Give a moved job back the exclusions it had before the move."""
-        assignments = [f"excnodelist={hold.excluded}"]
-        if not hold.applied:
-            assignments.append(RELEASED)
-        failure = self._update_jobs((hold.job_id,), *assignments)
-        if failure is None:
-            self._forget_hold(hold)
-            log.info("hold of job %s off %s lifted: %s", hold.job_id, hold.node, why)
-        return failure
 
     def _update_jobs(self, job_ids: Sequence[str], *assignments: str) -> str | None:
         """``scontrol update jobid=<ids> ...``; None when every job was updated or has started

@@ -39,11 +39,17 @@ spot (or of the order it should have).
 **Holds.** A job moved off an on-prem node to make room there (``MovesJobsOff``) is kept off that
 node through its ``ExcNodeList`` until the job it made room for has started there (or elsewhere,
 or has left the queue), and at least until its last run's credential has expired there, or until
-a bound has passed; then the list it had before is restored. Meanwhile the job room was made
-for is bound to that node through its ``ReqNodeList`` (``Binding``), as the simulator binds it:
-it starts only there while the latest hold made for it stands, so that a job room is being made
-for elsewhere (another shape, freed in the same tick) cannot take it. The binding ends when that
-hold does, or when the job starts or leaves the queue; then the job's own ``ReqNodeList`` is
+a bound has passed. A job moved off several nodes in turn has one hold per node: its
+``ExcNodeList`` is its own list and every node whose hold stands, each hold ends on its own, and
+the list it had before the first move is restored when the last one ends (``exclusions``).
+
+**Bindings.** When the moves for a pending job are decided (reclaim, preemption), the job is
+bound to the nodes being freed for it through its ``ReqNodeList`` (``Binding``), all of them at
+once, as the simulator binds it: it starts only there (a multi-node job on exactly those nodes),
+so that it does not take room coming free elsewhere (made for another job, perhaps in the same
+tick) and leave the room made for it to others. A binding has its own lifetime:
+it ends when the job has started, has left the queue, or the hold bound has passed since the
+bind, whatever the holds of the moved jobs do; then the job's own (empty) ``ReqNodeList`` is
 given back (once it is pending: a running job's cannot be changed, and matters only if it is
 requeued). A job that asked for nodes itself (``--nodelist``) is not bound.
 """
@@ -229,7 +235,8 @@ class Hold:
     hold. ``excluded`` is the job's own ``ExcNodeList`` before the move (restored after);
     ``applied`` says whether the exclusion is in place (a job still completing when it was
     requeued gets it on a later tick, inside Slurm's begin-time hold); ``over`` that it has
-    done its work and only the restore is left, which waits while the job runs."""
+    done its work and only the restore is left, which waits while the job runs. A job has one
+    hold per node it was moved off; they share ``excluded``, the list before the first move."""
 
     job_id: str
     node: str
@@ -319,17 +326,33 @@ def _ended(hold: Hold, index: QueueIndex, now: float) -> str | None:
     return None
 
 
+def exclusions(holds: Iterable[Hold]) -> str:
+    """The ``ExcNodeList`` a moved job's holds (all of one job) want: its own list (from before
+    the first move) and the node of every hold that stands, once each; only its own when none
+    stands (the restore)."""
+    kept = list(holds)
+    own = [n for n in kept[0].excluded.split(",") if n] if kept else []
+    standing = [h.node for h in kept if not h.over]
+    return ",".join(dict.fromkeys([*own, *standing]))
+
+
 @dataclass
 class Binding:
-    """The pending job ``for_job`` bound to ``node`` (its ``ReqNodeList``) while the latest hold
-    made for it stands; ``required`` is its own ``ReqNodeList`` before (given back after),
-    ``applied`` whether the binding is in place, ``over`` that only the give-back is left."""
+    """The pending job ``for_job`` bound to ``nodes`` (its ``ReqNodeList``) from the monotonic
+    ``since`` to ``until`` at the latest; its own ``ReqNodeList`` is empty (a job with one of
+    its own is not bound), which is what is given back. ``applied`` says whether the binding
+    is in place, ``over`` that only the give-back is left."""
 
     for_job: str
-    node: str
-    required: str = ""
+    nodes: tuple[str, ...]
+    since: float
+    until: float
     applied: bool = False
     over: bool = False
+
+    @property
+    def node_list(self) -> str:
+        return ",".join(self.nodes)
 
 
 @dataclass(frozen=True)
@@ -339,12 +362,9 @@ class BindingStep:
     why: str = ""
 
 
-def binding_steps(
-    bindings: Iterable[Binding], holds: Iterable[Hold], index: QueueIndex
-) -> list[BindingStep]:
-    """What each binding needs this tick, given the holds as ``hold_steps`` left them: it lasts
-    while its job is pending and a hold made for it on its node has not done its work."""
-    standing = {(h.for_job, h.node) for h in holds if not h.over}
+def binding_steps(bindings: Iterable[Binding], index: QueueIndex, now: float) -> list[BindingStep]:
+    """What each binding needs this tick: it lasts while its job is pending and its bound has
+    not passed, whatever the holds of the jobs moved for it do."""
     steps: list[BindingStep] = []
     for binding in bindings:
         job = index.by_id.get(binding.for_job) or index.by_task.get(binding.for_job)
@@ -353,12 +373,12 @@ def binding_steps(
             continue
         why = "its node list is given back once it is pending"
         if not binding.over:
-            if job.pending and (binding.for_job, binding.node) in standing:
+            if job.pending and now < binding.until:
                 applies = not binding.applied
                 steps.append(BindingStep(binding, Step.APPLY if applies else Step.KEEP))
                 continue
             binding.over = True
-            why = "its hold ended" if job.pending else "it started"
+            why = "still pending at the binding's bound" if job.pending else "it started"
         if not binding.applied:
             steps.append(BindingStep(binding, Step.DROP, why))
         else:
