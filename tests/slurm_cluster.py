@@ -52,14 +52,18 @@ class Layout:
     stands for the on-prem node list; keep an ``onprem`` partition of them, which ``reset`` waits
     on), ``reserve`` nodes (name -> features), ``scheduler`` (``SchedulerParameters``) and
     ``cred_expire`` (the job credential lifetime, 120 s by default, which is also how long a
-    requeued job must stay off the node it left), and ``shards_per_gpu`` (Slurm's GPU sharding,
-    ``gres/shard``: each on-prem GPU shared by up to that many jobs; 0, the default: none)."""
+    requeued job must stay off the node it left), ``shards_per_gpu`` (Slurm's GPU sharding,
+    ``gres/shard``: each on-prem GPU shared by up to that many jobs; 0, the default: none), and
+    ``gpu_type`` (the on-prem GPUs' gres type; a MIG profile's, ``a100_1g.10gb``, makes each fake
+    GPU a MIG instance as a site's ``AutoDetect=nvml`` names them: Slurm schedules an instance
+    as a GPU of that type, and a type is only a name to it)."""
 
     partitions: str = DEFAULT_PARTITIONS
     reserve: tuple[tuple[str, str], ...] = ()
     scheduler: str | None = None
     cred_expire: int | None = None
     shards_per_gpu: int = 0
+    gpu_type: str = GPU_MODEL
 
 
 def free_port() -> int:
@@ -164,7 +168,7 @@ def _slurm_conf(root: Path, munge_socket: Path, gpu_dir: Path, layout: Layout = 
     shards = f",shard:{layout.shards_per_gpu * GPUS_PER_NODE}" if layout.shards_per_gpu else ""
     node_lines = "\n".join(
         f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={host} Port={free_port()} CPUs=8 "
-        f"RealMemory=4000 Gres=gpu:{GPU_MODEL}:{GPUS_PER_NODE}{shards} State=UNKNOWN"
+        f"RealMemory=4000 Gres=gpu:{layout.gpu_type}:{GPUS_PER_NODE}{shards} State=UNKNOWN"
         for name in ONPREM_NODES
     )
     reserve_lines = "".join(
@@ -218,7 +222,7 @@ def _gres_conf(gpu_dir: Path, layout: Layout) -> str:
     knows which GPU a shard is of (``Count`` is then the shards of that one GPU)."""
     lines = [
         "AutoDetect=off",
-        f"Name=gpu Type={GPU_MODEL} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]",
+        f"Name=gpu Type={layout.gpu_type} File={gpu_dir}/gpu[0-{GPUS_PER_NODE - 1}]",
     ]
     if layout.shards_per_gpu:
         lines += [
@@ -298,7 +302,7 @@ def start_slurm_cluster(root: Path, layout: Layout = Layout()) -> SlurmCluster:
         munge_dir=munge_dir,
         onprem_nodes=ONPREM_NODES,
         gpus_per_node=GPUS_PER_NODE,
-        gpu_model=GPU_MODEL,
+        gpu_model=layout.gpu_type,
         cloud_feature=CLOUD_FEATURE,
         gpu_dir=gpu_dir,
         reserve_nodes=tuple(name for name, _ in layout.reserve),

@@ -9,7 +9,9 @@ NVML reports (``nvidia_a100_3g.20gb``), e.g. ``Gres=gpu:a100:1,gpu:a100_3g.20gb:
 The documents are the ones captured from a real Slurm 22.05 in tests/data/slurm
 (``squeue-shards.json``), their gres strings written as that Slurm prints a typed GPU request
 (``tres_per_node`` ``gres:gpu:a100:1``, ``gres_detail`` ``gpu:a100:1(IDX:3)``) with a MIG
-profile's type: the test Slurm's fake GPUs cannot be cut, and a type is only a name to it.
+profile's type; and a real Slurm 22.05 of tests/slurm_cluster.py whose fake GPUs are typed
+``a100_1g.10gb`` (``Layout(gpu_type=...)``): its fake GPUs cannot be cut, but a type is only a
+name to Slurm, so it schedules and prints them as a MIG site's instances.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurm_cluster import Layout, SlurmCluster, start_slurm_cluster, stop_slurm_cluster, wait_for
 
 from autoscaler.model import DemandGroup, Market, Pool
 from autoscaler.model.sharing import GpuSharing, SharingMode
+from autoscaler.sources.slurm import SlurmAdapter
 from autoscaler.sources.slurm_json import (
     DemandRules,
     NodeRules,
@@ -267,3 +272,93 @@ def test_the_gpus_told_cover_the_slices_and_never_exceed_a_gpu_per_job(
     needed = Fraction(ones, 7) + Fraction(3 * threes, 7)
     assert needed <= told <= len(requests)
     assert told == -(-needed // 1)
+
+
+# -- a real Slurm whose GPUs are typed as MIG instances -------------------------------------------
+
+INSTANCE = "a100_1g.10gb"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    started = start_slurm_cluster(tmp_path_factory.mktemp("slurm-mig"), Layout(gpu_type=INSTANCE))
+    try:
+        yield started
+    finally:
+        stop_slurm_cluster(started)
+
+
+@pytest.fixture
+def slurm(cluster: SlurmCluster) -> Iterator[SlurmAdapter]:
+    yield SlurmAdapter.from_config(
+        {"slurm_conf": str(cluster.conf), "gpu_models": {"a100": "A100"}}, "hpc"
+    )
+    cluster.reset()
+
+
+def _states(cluster: SlurmCluster, jobs: list[str]) -> dict[str, str]:
+    out = cluster.run("squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T %r")
+    return {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines()}
+
+
+def test_pending_mig_jobs_of_a_real_slurm_are_folded_against_the_pools_that_cut_them(
+    cluster: SlurmCluster, slurm: SlurmAdapter
+) -> None:
+    for node in cluster.onprem_nodes:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    jobs = [cluster.sbatch(f"--gres=gpu:{INSTANCE}:1", "--wrap=sleep 60") for _ in range(7)]
+    jobs.append(cluster.sbatch(f"--gres=gpu:{INSTANCE}:2", "--wrap=sleep 60"))
+    wait_for(
+        "every job to wait for a reason",
+        lambda: (
+            len(_states(cluster, jobs)) == len(jobs)
+            and all(
+                s.startswith("PENDING ") and "None" not in s
+                for s in _states(cluster, jobs).values()
+            )
+        ),
+    )
+    printed = {j["tres_per_node"] for j in json.loads(cluster.run("squeue", "--json"))["jobs"]}
+    assert printed == {f"gres:gpu:{INSTANCE}:1", f"gres:gpu:{INSTANCE}:2"}
+    # the pools not known: each instance a GPU, as Slurm counts it
+    assert sum(g.gpus_per_job * g.jobs for g in slurm.read(0.0)) == 9
+    slurm.know_pools([MIG, PLAIN, SLICED])
+    # 7 x 1/7 + 2/7 of a GPU: 2 GPUs of the pool cut in 1g.10gb, an A100 as the type says
+    groups = list(slurm.read(0.0))
+    assert [(g.gpus_per_job, g.jobs, g.gpu_sharing, g.gpu_models) for g in groups] == [
+        (1, 2, SharingMode.MIG, ("A100",))
+    ]
+    three_only = MIG.model_copy(
+        update={"gpu_sharing": GpuSharing(mode=SharingMode.MIG, profiles=("3g.40gb",))}
+    )
+    slurm.know_pools([three_only, PLAIN])
+    assert _groups_of(list(slurm.read(0.0))) == {
+        (SharingMode.MIG, (NO_MIG.format(profile="1g.10gb"),)): 8
+    }
+
+
+def _groups_of(groups: list[DemandGroup]) -> dict[tuple[SharingMode | None, tuple[str, ...]], int]:
+    found: dict[tuple[SharingMode | None, tuple[str, ...]], int] = {}
+    for group in groups:
+        key = (group.gpu_sharing, group.gpu_models)
+        found[key] = found.get(key, 0) + group.gpus_per_job * group.jobs
+    return found
+
+
+def test_running_mig_jobs_of_a_real_slurm_hold_their_share_and_the_gpu_it_is_cut_from(
+    cluster: SlurmCluster, slurm: SlurmAdapter
+) -> None:
+    asked = (1, 2)
+    on_a = ("-p", "onprem", "-w", "gpu-a")
+    jobs = [cluster.sbatch(*on_a, f"--gres=gpu:{INSTANCE}:{n}", "--wrap=sleep 60") for n in asked]
+    wait_for(
+        "the jobs to run",
+        lambda: all(s.startswith("RUNNING") for s in _states(cluster, jobs).values()),
+    )
+    running = {job.id: (job.gpus, job.gpu_share) for job in slurm.running_jobs("gpu-a")}
+    assert running == {job: (1, pytest.approx(n / 7)) for job, n in zip(jobs, asked, strict=True)}
+    # four instances of 1g.10gb are one GPU cut (4/7 of it), in use: no whole GPU's room
+    nodes = {n.name: n for n in slurm.read_nodes(0.0).onprem}
+    assert (nodes["gpu-a"].gpus, nodes["gpu-a"].gpus_allocated) == (1, 1)
+    assert (nodes["gpu-b"].gpus, nodes["gpu-b"].gpus_allocated) == (1, 0)
+    assert nodes["gpu-a"].gpu_model == "A100"
