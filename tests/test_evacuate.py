@@ -15,8 +15,9 @@ from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import InterruptionNotice, NoticeKind, Placement
 from autoscaler.model.clock import ManualClock
 from autoscaler.model.config import ControllerConfig, InterruptionConfig
+from autoscaler.model.errors import SourceError
 from autoscaler.ops.metrics import Metrics
-from autoscaler.spi.sources import CheckpointingScheduler, RunningJob
+from autoscaler.spi.sources import CheckpointingScheduler, HeldOff, MovesJobsOff, RunningJob
 from autoscaler.tick.controller import Controller
 from autoscaler.tick.evacuate import EvacuationSettings, Evacuator, Move
 from autoscaler.tick.retry import RetryPolicy
@@ -283,3 +284,105 @@ def test_the_controller_evacuates_on_a_notice_and_counts_the_work_lost() -> None
     assert sorted(scheduler.requeued) == ["x", "y"]
     lost = metrics.registry.get_sample_value("gpu_autoscaler_work_lost_gpu_seconds_total")
     assert lost == 300.0 + 1.0, "y lost its 300 s; x only the second after its checkpoint"
+
+
+# -- making room for a pending job: binding it when the moves are decided ----------------------
+
+
+@dataclass
+class BindingFake(CheckpointingFake):
+    """A scheduler that moves jobs off nodes and binds pending jobs, logging every call in
+    order; ``refuse`` names the pending jobs it will not bind (started or gone meanwhile)."""
+
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    refuse: set[str] = field(default_factory=set)
+
+    def signal(self, job_id: str, signal: str) -> None:
+        super().signal(job_id, signal)
+        self.calls.append(("signal", job_id))
+
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
+        self.calls.append(("move_off", job_id, node, for_job))
+
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        if for_job in self.refuse:
+            raise SourceError(f"bind job {for_job}: it is not pending")
+        self.calls.append(("bind", for_job, *nodes))
+
+    def held_off(self) -> list[HeldOff]:
+        return []
+
+
+def test_a_move_with_a_bound_binds_its_job_before_any_job_is_asked_to_checkpoint() -> None:
+    fake = BindingFake()
+    assert isinstance(fake, MovesJobsOff)
+    ledger = CheckpointLedger()
+    evacuator = Evacuator(fake, ledger, EvacuationSettings(checkpoint_margin_s=10.0))
+    saving = running("saving", "gpu-a", gpus=1)
+    silent = running("silent", "gpu-a", gpus=1, signal=None)
+    asked = evacuator.make_room("gpu-a", [saving, silent], "owner", 1_000.0, by=1_300.0)
+    assert sorted((m.job_id, m.move) for m in asked) == [
+        ("saving", Move.CHECKPOINT_ASKED),
+        ("silent", Move.MOVED_OFF),
+    ]
+    # bound first; then the job that cannot checkpoint leaves and the other is asked (in
+    # parallel, so in either order)
+    assert fake.calls[0] == ("bind", "owner", "gpu-a")
+    assert sorted(fake.calls[1:]) == [
+        ("move_off", "silent", "gpu-a", "owner"),
+        ("signal", "saving"),
+    ]
+    ledger.record(CheckpointReport("saving", 1_015.0, 15.0, "gpu-a"))
+    evacuator.progress(1_015.0)
+    assert fake.calls[-1] == ("move_off", "saving", "gpu-a", "owner"), "moving binds no more"
+    assert [c for c in fake.calls if c[0] == "bind"] == [("bind", "owner", "gpu-a")]
+    evacuator.close()
+
+
+def test_a_multi_node_job_is_bound_once_to_all_the_nodes_freed_for_it() -> None:
+    """The guard grants a multi-node job's moves together; each names every node freed for it
+    and binds it to all of them, once in the tick."""
+    fake = BindingFake()
+    evacuator = Evacuator(fake, CheckpointLedger())
+    nodes = ("gpu-a", "gpu-b")
+    for node in nodes:
+        evacuator.make_room(
+            node, [running(f"on-{node}", node)], "gang", 1_000.0, None, 1_300.0, nodes
+        )
+    assert fake.calls[0] == ("bind", "gang", "gpu-a", "gpu-b")
+    assert [c for c in fake.calls if c[0] == "bind"] == [fake.calls[0]]
+    assert {c for c in fake.calls if c[0] == "signal"} == {
+        ("signal", "on-gpu-a"),
+        ("signal", "on-gpu-b"),
+    }
+    # a later tick binds again (the scheduler keeps the same binding as it is)
+    evacuator.make_room("gpu-a", [running("more", "gpu-a")], "gang", 1_060.0, None, 1_300.0, nodes)
+    assert [c for c in fake.calls if c[0] == "bind"] == [fake.calls[0]] * 2
+    evacuator.close()
+
+
+def test_a_binding_refused_moves_nothing() -> None:
+    """The job room was to be made for started (or left) meanwhile: freeing room for it now
+    would free it for nobody, so no job is asked to checkpoint or moved."""
+    fake = BindingFake(refuse={"owner"})
+    evacuator = Evacuator(fake, CheckpointLedger())
+    jobs = [running("saving", "gpu-a", gpus=1), running("silent", "gpu-a", gpus=1, signal=None)]
+    moves = evacuator.make_room("gpu-a", jobs, "owner", 1_000.0, by=1_300.0)
+    assert [(m.job_id, m.move) for m in moves] == [("saving", Move.FAILED), ("silent", Move.FAILED)]
+    assert all("binding it failed" in m.detail and "not pending" in m.detail for m in moves)
+    assert (
+        fake.calls == [] and evacuator.waiting() == set() and evacuator.making_room_for() == set()
+    )
+    evacuator.close()
+
+
+def test_rebalancing_binds_nobody() -> None:
+    fake = BindingFake(refuse={"p"})
+    ledger = CheckpointLedger()
+    evacuator = Evacuator(fake, ledger)
+    (asked,) = evacuator.make_room("gpu-a", [running("saving", "gpu-a")], "p", 1_000.0)
+    assert asked.move is Move.CHECKPOINT_ASKED and fake.calls == [("signal", "saving")]
+    ledger.record(CheckpointReport("saving", 1_010.0, 10.0, "gpu-a"))
+    evacuator.progress(1_010.0)
+    assert fake.calls[-1] == ("move_off", "saving", "gpu-a", "p")
+    evacuator.close()

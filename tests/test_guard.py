@@ -3,13 +3,20 @@ fallbacks, no tick leaves the fleet above a limit or the budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fakes import Rig, pool, rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_controller import Scripted
+from test_rebalance_onprem import move, view_of
 
+from autoscaler.fleet.memory import Cooldowns
 from autoscaler.model import DrainRequest, Instance, InstanceState, LaunchRequest, Plan, Pool
+from autoscaler.model.config import Limits
 from autoscaler.model.errors import CapacityError
+from autoscaler.tick.guard import guard
+from autoscaler.tick.intents import MoveJobs, Requests
 
 GPU_SHAPES = (1, 2, 4, 8)
 
@@ -145,3 +152,72 @@ def test_budget_counts_instances_already_running_and_unknown_prices_hold_scale_u
     report = t.controller.tick()
     assert not [a for a in report.actions if a.kind == "launch"]
     assert "no price known" in report.clamps[0].detail
+
+
+# -- job moves: a multi-node job's room all or none ---------------------------------------------
+
+
+def gang_move(node: str, jobs: int, for_job: str, together: tuple[str, ...]) -> MoveJobs:
+    return replace(move(node, jobs, for_job), together=together)
+
+
+def test_a_multi_node_jobs_moves_are_granted_together_or_not_at_all() -> None:
+    ab = ("a", "b")
+    requests = Requests(
+        moves=[
+            move("x", 1, "p1"),
+            gang_move("a", 2, "gang", ab),
+            move("y", 1, "p2"),
+            gang_move("b", 2, "gang", ab),
+        ]
+    )
+    view = view_of([], [], [])
+    # 1 + 4 + 1 = 6 jobs: all granted at 6
+    granted = guard(Plan(), requests, view, Limits(max_job_moves_per_tick=6), Cooldowns())
+    assert [(m.node, m.for_job) for m in granted.moves] == [
+        ("x", "p1"),
+        ("a", "gang"),
+        ("y", "p2"),
+        ("b", "gang"),
+    ]
+    # at 5 the gang's 4 jobs after p1's 1 fit, p2's do not: never half of the gang's room
+    granted = guard(Plan(), requests, view, Limits(max_job_moves_per_tick=5), Cooldowns())
+    assert [m.node for m in granted.moves] == ["x", "a", "b"]
+    # at 3 the gang is refused whole, with one clamp naming it, and p2 still fits
+    granted = guard(Plan(), requests, view, Limits(max_job_moves_per_tick=3), Cooldowns())
+    assert [m.node for m in granted.moves] == ["x", "y"]
+    (clamp,) = granted.clamps
+    assert clamp.rule == "job_move_rate" and clamp.requested == 4 and clamp.allowed == 0
+    assert "job gang's 2 nodes are freed together" in clamp.detail
+
+
+@settings(max_examples=100)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 3), st.sampled_from(["g1", "g2", ""])),
+        max_size=8,
+    ),
+    st.integers(1, 10),
+)
+def test_granted_moves_stay_within_the_move_rate_and_keep_every_gang_whole(
+    drawn: list[tuple[int, int, str]], limit: int
+) -> None:
+    gangs = {g: tuple(f"{g}-n{i}" for i, _ in enumerate(drawn)) for g in ("g1", "g2")}
+    moves = [
+        gang_move(f"{gang}-n{i}", jobs, gang, gangs[gang])
+        if gang
+        else move(f"solo-{i}", jobs, f"p{owner}")
+        for i, (owner, jobs, gang) in enumerate(drawn)
+    ]
+    granted = guard(
+        Plan(),
+        Requests(moves=moves),
+        view_of([], [], []),
+        Limits(max_job_moves_per_tick=limit),
+        Cooldowns(),
+    ).moves
+    assert sum(len(m.jobs) for m in granted) <= limit
+    assert [m for m in moves if m in granted] == list(granted), "the rule's order is kept"
+    for gang in gangs:
+        mine = [m for m in moves if m.for_job == gang]
+        assert all(m in granted for m in mine) or not any(m in granted for m in mine)

@@ -375,11 +375,13 @@ def test_the_guard_admits_whole_moves_up_to_the_move_rate_and_none_while_demand_
 @dataclass
 class MovingFake(CheckpointingFake):
     moved: list[tuple[str, str, str]] = field(default_factory=list)
-    binds: list[bool] = field(default_factory=list)
+    bound: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
-    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
         self.moved.append((job_id, node, for_job))
-        self.binds.append(bind)
+
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        self.bound.append((for_job, tuple(nodes)))
 
     def held_off(self) -> list[HeldOff]:
         return []
@@ -415,21 +417,23 @@ def test_a_job_moved_for_room_checkpoints_first_and_is_moved_off_when_it_reports
     assert fake.moved[-1] == ("silent", "gpu-a", "p") and fake.requeued == []
     assert evacuator.making_room_for() == set() and evacuator.reserved() == {}
     # rebalancing keeps no promise: its pending job is not bound to the node freed for it
-    assert fake.binds == [False, False]
+    assert fake.bound == []
     evacuator.close()
 
 
 def test_a_move_with_a_bound_binds_the_job_it_makes_room_for() -> None:
     """Reclaim and preemption (a move with ``by``) bind their owner job to the node freed for
-    it, so that another job made room for in the same tick cannot take it."""
+    it when the move is decided, so that another job made room for in the same tick cannot
+    take it."""
     fake = MovingFake()
     ledger = CheckpointLedger()
     evacuator = Evacuator(fake, ledger, EvacuationSettings(checkpoint_margin_s=10.0))
     lender = running("lender", "gpu-a", gpus=1, started_at=0.0)
     evacuator.make_room("gpu-a", [lender], "owner", 1_000.0, by=2_000.0)
+    assert fake.bound == [("owner", ("gpu-a",))] and fake.moved == []
     ledger.record(CheckpointReport("lender", 1_015.0, 15.0, "gpu-a"))
     evacuator.progress(1_015.0)
-    assert fake.moved == [("lender", "gpu-a", "owner")] and fake.binds == [True]
+    assert fake.moved == [("lender", "gpu-a", "owner")] and len(fake.bound) == 1
     evacuator.close()
 
 

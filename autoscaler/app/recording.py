@@ -163,6 +163,9 @@ class RecordingMovingScheduler(RecordingCheckpointingScheduler):
     def move_off(self, job_id: str, node: str, for_job: str) -> None:
         self.recorded.calls.append(("move_off", job_id, node, for_job))
 
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        self.recorded.calls.append(("bind", for_job, *nodes))
+
     def held_off(self) -> Sequence[HeldOff]:
         return self.mover.held_off() if self.mover is not None else ()
 

@@ -19,11 +19,13 @@ declared duration later and is reported to the ledger, as the example job report
 requeues a job, which keeps the work up to its last finished checkpoint. It moves a job off an
 on-prem node for a pending one (``MovesJobsOff``) as the Slurm adapter does: the job is requeued
 and does not start on that node again until the job it made room for has started, or for at
-most ``MOVE_HOLD_S`` (the Slurm adapter's default ``move_hold_s``); and the job room was made
-for is bound to the node of its latest standing hold (it starts only there, as the Slurm adapter
-binds it through its ``ReqNodeList``) until it starts or that hold ends, so that room made in
-one tick for jobs of two shapes is not taken by one of them from the other. It never moves a
-job by itself: on-prem rebalancing is the controller's rule, live and here alike.
+most ``MOVE_HOLD_S`` (the Slurm adapter's default ``move_hold_s``). A pending job the
+controller binds to nodes (``bind``, when reclaim or preemption decides its moves) starts only
+there, on all of them for a multi-node job, one member per node (as the Slurm adapter binds it
+through its ``ReqNodeList``), until it starts or ``MOVE_HOLD_S`` has passed since the binding,
+so that room made for jobs of several shapes is not taken by one of them from another, even
+while some of their movers still checkpoint. It never moves a job by itself: on-prem
+rebalancing is the controller's rule, live and here alike.
 """
 
 from __future__ import annotations
@@ -162,6 +164,14 @@ class _Hold:
     since: float
 
 
+@dataclass(frozen=True)
+class _Binding:
+    """The nodes a pending job may start on alone (one member on each), since ``since``."""
+
+    nodes: tuple[str, ...]
+    since: float
+
+
 # gpus, checkpoint interval, high priority, nodes, accepted models, minimum GPU memory, team,
 # the GPU fraction asked for (only where some GPUs may be shared; None otherwise), and the
 # priority class
@@ -238,8 +248,8 @@ class SimScheduler:
         # by the moved job's seq: a job moved again while held keeps both holds, as Slurm keeps
         # a job's ExcNodeList when it adds the node it leaves
         self._holds: dict[int, list[_Hold]] = {}
-        # by the seq of the job room was made for: its latest hold, the node it is bound to
-        self._bound: dict[int, _Hold] = {}
+        # by the seq of a pending job room is being made for: the nodes it is bound to
+        self._bound: dict[int, _Binding] = {}
         # Jobs below this seq were submitted before the placement in force was applied; later
         # ones have not been judged by any placement yet (None: no placement applied so far).
         self._judged_below: int | None = None
@@ -398,41 +408,56 @@ class SimScheduler:
         if job.node is not None:
             self._interrupt(job, self.clock.now())
 
-    def move_off(self, job_id: str, node: str, for_job: str, bind: bool = True) -> None:
+    def move_off(self, job_id: str, node: str, for_job: str) -> None:
         """Requeue a job running on ``node`` (keeping the work up to its last checkpoint) and keep
-        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed; meanwhile,
-        with ``bind``, ``for_job`` is bound to ``node`` (``bound_to``)."""
+        it off ``node`` until ``for_job`` has started or ``MOVE_HOLD_S`` has passed (a job moved
+        again keeps each hold)."""
         job = self._job(job_id)
         if job.node is None or node not in {n.name for n in job.members}:
             raise SourceError(f"move job {job_id} off {node}: it does not run there")
         now = self.clock.now()
         self._interrupt(job, now, moved=True)
         target = self._job(for_job)
-        hold = _Hold(node, target.seq, now)
-        self._holds.setdefault(job.seq, []).append(hold)
-        if bind and target.node is None and target.finished_at is None:
-            # only a pending job is bound: one that started while this job checkpointed is not
-            # bound if it is requeued later
-            self._bound[hold.for_job] = hold
+        self._holds.setdefault(job.seq, []).append(_Hold(node, target.seq, now))
 
-    def bound_to(self, job_id: str) -> str | None:
-        """The node a pending job is bound to: that of the latest standing hold made for it."""
-        return self._bound_node(int(job_id))
+    def bind(self, for_job: str, nodes: Sequence[str]) -> None:
+        """Start the pending ``for_job`` only on ``nodes`` (one member on each) until it starts
+        or ``MOVE_HOLD_S`` has passed since this binding; the same nodes again change nothing,
+        others replace the binding. A job that is not pending, or nodes that are not one
+        distinct node per member it asks for, are refused (``SourceError``), nothing bound."""
+        job = self._known(for_job)
+        if job.node is not None or job.finished_at is not None:
+            raise SourceError(f"bind job {for_job}: it is not pending")
+        wanted = tuple(nodes)
+        if len(set(wanted)) != len(wanted) or len(wanted) != job.trace.nodes:
+            raise SourceError(
+                f"bind job {for_job} to {list(wanted)}: it asks for {job.trace.nodes} "
+                "distinct node(s)"
+            )
+        if set(self._binding(job.seq) or ()) == set(wanted):
+            return
+        self._bound[job.seq] = _Binding(wanted, self.clock.now())
+        self._dirty = True
 
-    def _bound_node(self, seq: int) -> str | None:
-        hold = self._bound.get(seq)
-        if hold is None:
+    def bound_to(self, job_id: str) -> tuple[str, ...]:
+        """The nodes a pending job is bound to (none: it may start anywhere it fits)."""
+        return self._binding(int(job_id)) or ()
+
+    def _binding(self, seq: int) -> tuple[str, ...] | None:
+        """The nodes job ``seq`` is bound to now (a binding past ``MOVE_HOLD_S`` is let go)."""
+        binding = self._bound.get(seq)
+        if binding is None:
             return None
-        if self.clock.now() - hold.since >= MOVE_HOLD_S:
+        if self.clock.now() - binding.since >= MOVE_HOLD_S:
             del self._bound[seq]
             return None
-        return hold.node
+        return binding.nodes
 
     def held_off(self) -> list[HeldOff]:
         for seq in list(self._holds):
             self._current_holds(seq)
         for seq in list(self._bound):
-            if self._bound_node(seq) is None:
+            if self._binding(seq) is None:
                 self._dirty = True  # a job no longer bound may start elsewhere now
         return [
             HeldOff(str(seq), h.node, str(h.for_job), h.since)
@@ -662,6 +687,12 @@ class SimScheduler:
     def _job(self, job_id: str) -> SimJob:
         return self.jobs[int(job_id)]
 
+    def _known(self, job_id: str) -> SimJob:
+        """The job named ``job_id``, or a ``SourceError`` naming it when there is none."""
+        if not job_id.isdigit() or int(job_id) >= len(self.jobs):
+            raise SourceError(f"no job {job_id!r} in the simulator's queue")
+        return self.jobs[int(job_id)]
+
     def _running(self, job: SimJob, node: SimNode) -> RunningJob:
         interval = job.trace.checkpoint_interval_s
         assert job.run_start is not None
@@ -700,7 +731,7 @@ class SimScheduler:
         shape = job.trace.shape
         avoid = self._current_holds(job.seq) if self._holds else frozenset()
         fraction = job.trace.gpu_fraction if self.shares else None
-        bound = self._bound_node(job.seq) if self._bound and job.trace.nodes == 1 else None
+        bound = self._binding(job.seq) if self._bound else None
         if bound is not None:
             return self._on_bound(job, bound, fraction, avoid)
         for kind in self._tiers(job):
@@ -719,27 +750,36 @@ class SimScheduler:
         return None
 
     def _on_bound(
-        self, job: SimJob, name: str, fraction: float | None, avoid: frozenset[str]
+        self, job: SimJob, names: tuple[str, ...], fraction: float | None, avoid: frozenset[str]
     ) -> list[SimNode] | None:
-        """``job`` on the node it is bound to, when that node has room for it now (the node
-        gone or drained, or of a tier the job may not use, leaves it waiting until the hold
-        ends, as Slurm leaves a job whose ``ReqNodeList`` cannot be met)."""
+        """``job`` on the nodes it is bound to, one member on each, when every one of them has
+        room for it now (a node gone or drained, or of a tier the job may not use, leaves it
+        waiting until the binding ends, as Slurm leaves a job whose ``ReqNodeList`` cannot be
+        met)."""
+        found = [self._bound_room(job, name, fraction, avoid) for name in names]
+        chosen = [node for node in found if node is not None]
+        return chosen if len(chosen) == len(names) else None
+
+    def _bound_room(
+        self, job: SimJob, name: str, fraction: float | None, avoid: frozenset[str]
+    ) -> SimNode | None:
+        """The node ``name`` when it has room for one member of ``job`` now."""
         node = self.nodes.get(name)
         if node is None or node.leaving or name in avoid or node.kind not in self._tiers(job):
             return None
         shape = job.trace.shape
-        if fraction is not None and node.shared is not None:
+        if fraction is not None and node.shared is not None and job.trace.nodes == 1:
             slices = node.shared.sharing.slices_for(fraction)
             if (
                 slices is not None
                 and node.shared.slot(slices) is not None
                 and shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib)
             ):
-                return [node]
+                return node
         if node.free >= shape.gpus and shape.accepts(
             node.free, node.gpu_model, node.gpu_memory_gib
         ):
-            return [node]
+            return node
         return None
 
     def _tightest(

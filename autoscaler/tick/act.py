@@ -202,7 +202,8 @@ class Actuator:
         self, moves: Sequence[MoveJobs], view: FleetView, records: list[ActionRecord]
     ) -> None:
         """Ask the jobs of each granted move to checkpoint; the evacuator moves them off their
-        on-prem node once they report (``progress``)."""
+        on-prem node once they report (``progress``). A move with a bound first binds the job
+        it is for to every node freed for it (``move.nodes``)."""
         if self.evacuator is None:
             return
         for move in moves:
@@ -214,6 +215,7 @@ class Actuator:
                     view.now,
                     {job: (instance, gpus) for job, instance, gpus in move.room},
                     move.by,
+                    move.nodes,
                 )
             except Exception as exc:
                 records.append(ActionRecord("evacuate", None, 1, 0, "error", describe(exc)))

@@ -13,7 +13,10 @@ move at once and the others move as soon as they next report a checkpoint, befor
 To make room on an on-prem node (``Placement.rebalance_onprem``), each job chosen is asked to
 checkpoint and, once it reports (or its wait is over), moved off the node through the
 scheduler's ``MovesJobsOff.move_off``, which requeues it and keeps it off that node until the
-job it made room for has started.
+job it made room for has started. A move that keeps a promise within a bound (reclaim,
+preemption) first binds that job to the nodes being freed for it (``MovesJobsOff.bind``), before
+any job is asked to checkpoint, so that room coming free before the last mover has left is not
+taken by other work.
 
 On a scale-down whose drain outlived its jobs' welcome, each job leaves at whichever checkpoint
 comes first within a bounded wait, its next natural one or one asked for now, instead of being
@@ -77,7 +80,6 @@ class _Waiting:
     requeue_by: float
     for_job: str | None = None  # moved off its node for this pending job, not just requeued
     room: tuple[str, int] | None = None  # the cloud instance and GPUs held for it meanwhile
-    bind: bool = False  # bind for_job to the node (a move with a bound: reclaim, preemption)
 
 
 @dataclass
@@ -100,6 +102,9 @@ class Evacuator:
         self.mover = scheduler if isinstance(scheduler, MovesJobsOff) else None
         self._nodes: dict[str, _Evacuation] = {}
         self._handed: set[str] = set()
+        # the bindings asked for at the tick of this time, so that the k moves of a multi-node
+        # job's room bind it once (binding is idempotent; this only saves scheduler calls)
+        self._bound_at: tuple[float, set[tuple[str, tuple[str, ...]]]] = (float("nan"), set())
         self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="evacuate")
 
     def interrupted(self, nodes: Sequence[tuple[str, float]], now: float) -> list[JobMove]:
@@ -151,6 +156,7 @@ class Evacuator:
         now: float,
         room: Mapping[str, tuple[str, int]] | None = None,
         by: float | None = None,
+        nodes: Sequence[str] = (),
     ) -> list[JobMove]:
         """Move ``jobs`` off the on-prem ``node`` for the pending ``for_job``: each is asked to
         checkpoint and moved once it reports, or once its checkpoint's expected time (the wait
@@ -158,14 +164,31 @@ class Evacuator:
         instance and GPUs) is held for each job until then (``reserved``). With ``by`` (a
         reclaimed guarantee's bound) every job is gone by then: one that cannot checkpoint, or
         whose checkpoint would not end by then, is moved off at once from its last checkpoint;
-        without it such a job is left where it is. Only a move with ``by`` binds ``for_job`` to
-        the node (``MovesJobsOff.move_off``): a promise is kept there, while a rebalancing's
-        job may start wherever room comes free first."""
+        without it such a job is left where it is.
+
+        Only a move with ``by`` binds ``for_job``, to ``nodes`` (every node freed for it this
+        tick, ``MoveJobs.nodes``; ``node`` alone when empty), and does so before any job is
+        signalled: a promise is kept there from the moment it is made, while a rebalancing's
+        job may start wherever room comes free first. A binding the scheduler refuses (the job
+        started or left meanwhile) moves nothing: the room would be for nobody."""
         if self.mover is None:
             return [
                 JobMove(j.id, node, Move.FAILED, None, "the scheduler cannot move jobs")
                 for j in jobs
             ]
+        if by is not None:
+            refused = self._bind_owner(for_job, tuple(nodes) or (node,), now)
+            if refused is not None:
+                return [
+                    JobMove(
+                        j.id,
+                        node,
+                        Move.FAILED,
+                        None,
+                        f"not moved for job {for_job}: binding it failed: {refused}",
+                    )
+                    for j in jobs
+                ]
         evacuation = self._nodes.setdefault(node, _Evacuation(node, None))
         calls: list[tuple[Callable[[], None], JobMove]] = []
         for job in jobs:
@@ -178,9 +201,7 @@ class Evacuator:
                 if expected is not None
                 else self.settings.fresh_checkpoint_s
             )
-            waiting = _Waiting(
-                job, now, resume_from, now + wait, for_job, (room or {}).get(job.id), by is not None
-            )
+            waiting = _Waiting(job, now, resume_from, now + wait, for_job, (room or {}).get(job.id))
             if job.checkpoint_signal is None or (by is not None and now + wait > by):
                 why = (
                     "it cannot checkpoint"
@@ -203,6 +224,24 @@ class Evacuator:
                 )
             )
         return self._ask(calls, now)
+
+    def _bind_owner(self, for_job: str, nodes: tuple[str, ...], now: float) -> str | None:
+        """Bind ``for_job`` to ``nodes`` unless this tick already did; why it failed, if it
+        did (nothing is remembered then, so a later move asks again)."""
+        assert self.mover is not None
+        at, done = self._bound_at
+        if at != now:
+            done = set()
+            self._bound_at = (now, done)
+        if (for_job, nodes) in done:
+            return None
+        try:
+            self.mover.bind(for_job, nodes)
+        except Exception as exc:
+            log.info("evacuate: binding job %s to %s failed: %s", for_job, nodes, describe(exc))
+            return describe(exc)
+        done.add((for_job, nodes))
+        return None
 
     def at_risk(self, nodes: Sequence[str], now: float) -> list[JobMove]:
         """Nodes the cloud says are at elevated risk: move what has just saved, and the rest as
@@ -394,7 +433,7 @@ class Evacuator:
             return self._requeue(waiting.job, now, resume_from, move, why)
         job = waiting.job
         return (
-            functools.partial(self.mover.move_off, job.id, job.node, waiting.for_job, waiting.bind),
+            functools.partial(self.mover.move_off, job.id, job.node, waiting.for_job),
             JobMove(
                 job.id,
                 job.node,

@@ -544,29 +544,48 @@ def guard(
 def _moves(
     requested: Sequence[MoveJobs], view: FleetView, limits: Limits, clamps: list[Clamp]
 ) -> tuple[MoveJobs, ...]:
-    """The rule's moves, in its order, as far as the job-move rate admits whole moves."""
+    """The rule's moves, in its order, as far as the job-move rate admits whole moves. The moves
+    freeing a multi-node job's nodes (a shared ``for_job`` with ``together``) are granted all or
+    none: a part of a gang's room starts nothing and would only be taken back."""
     if requested and not view.demand.known:
         clamps.append(
             Clamp("demand_unknown", None, len(requested), 0, "a queue source failed; moves held")
         )
         return ()
+    gangs: dict[str, list[MoveJobs]] = {}
+    for move in requested:
+        if move.together:
+            gangs.setdefault(move.for_job, []).append(move)
+    decided: dict[str, bool] = {}
     granted: list[MoveJobs] = []
     jobs = 0
     for move in requested:
-        if jobs + len(move.jobs) > limits.max_job_moves_per_tick:
-            clamps.append(
-                Clamp(
-                    "job_move_rate",
-                    None,
-                    len(move.jobs),
-                    0,
-                    "limits.max_job_moves_per_tick reached",
-                )
-            )
+        gang = gangs.get(move.for_job) if move.together else None
+        if gang is not None and move.for_job in decided:
+            if decided[move.for_job]:
+                granted.append(move)
             continue
-        jobs += len(move.jobs)
+        count = sum(len(m.jobs) for m in gang) if gang is not None else len(move.jobs)
+        fits = jobs + count <= limits.max_job_moves_per_tick
+        if gang is not None:
+            decided[move.for_job] = fits
+        if not fits:
+            clamps.append(_move_rate_clamp(move, count, gang))
+            continue
+        jobs += count
         granted.append(move)
     return tuple(granted)
+
+
+def _move_rate_clamp(move: MoveJobs, jobs: int, gang: Sequence[MoveJobs] | None) -> Clamp:
+    """The clamp for a move (or a multi-node job's moves, together) the job-move rate refuses."""
+    detail = "limits.max_job_moves_per_tick reached"
+    if gang is not None:
+        detail += (
+            f": job {move.for_job}'s {len(gang)} nodes are freed together or not at all "
+            f"({jobs} jobs to move)"
+        )
+    return Clamp("job_move_rate", None, jobs, 0, detail)
 
 
 def _drain_held(
