@@ -126,6 +126,18 @@ def test_the_next_owner_in_the_tick_leaves_every_node_of_a_gang_alone() -> None:
     ]
 
 
+def test_a_job_of_more_nodes_chooses_first_in_a_tick() -> None:
+    """q waited longer, and moving one 1-GPU job off a or b is cheapest for it; but p needs two
+    whole 4-GPU nodes, a and b, so p chooses first and q's room is made on c."""
+    nodes, jobs = lent("c", gpus=2)
+    for name in "ab":
+        nodes.append(OnPremNode(name=name, gpus=4, gpus_allocated=4))
+        jobs[name] = [job(f"{name}{i}", name, 1, "lender", 10.0 * i) for i in range(4)]
+    groups = [gang(1, 1, "q", "owner", NOW - 30.0), gang(8, 2, "p", "owner", NOW)]
+    found = moves_for(groups, nodes, jobs, teams(9))
+    assert sorted((m.for_job, m.node) for m in found) == [("p", "a"), ("p", "b"), ("q", "c")]
+
+
 def test_multi_node_running_jobs_are_never_taken() -> None:
     nodes = [OnPremNode(name=n, gpus=4, gpus_allocated=4) for n in "abc"]
     jobs = {

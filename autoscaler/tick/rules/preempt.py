@@ -114,7 +114,8 @@ def running_order(classes: Mapping[str, PriorityClass], job: RunningJob) -> int:
 def _preempting_groups(
     view: FleetView, classes: Mapping[str, PriorityClass], placement: Placement
 ) -> list[tuple[DemandGroup, PriorityClass]]:
-    """Groups of a class that preempts and may run on-prem, highest class first, then the
+    """Groups of a class that preempts and may run on-prem: highest class first, then jobs of
+    more nodes (a gang's k whole nodes are the hardest room to find, as for reclaim), then the
     longest waiting."""
     found = []
     for group in view.demand.groups:
@@ -126,7 +127,10 @@ def _preempting_groups(
             in placement.tiers(group.checkpoint_interval_s is not None, group.high_priority)
         ):
             found.append((group, cls))
-    return sorted(found, key=lambda p: (-p[1].order, p[0].oldest_submit_time, p[0].oldest_jobs))
+    return sorted(
+        found,
+        key=lambda p: (-p[1].order, -p[0].nodes, p[0].oldest_submit_time, p[0].oldest_jobs),
+    )
 
 
 def _below(classes: Mapping[str, PriorityClass], order: int) -> Callable[[RunningJob], bool]:

@@ -147,7 +147,10 @@ def _moves(
 
 
 def _owner_groups(view: FleetView, teams: TeamsConfig, placement: Placement) -> list[DemandGroup]:
-    """Groups of teams with a guarantee that may run on-prem, longest waiting first."""
+    """Groups of teams with a guarantee that may run on-prem: jobs of more nodes first, then the
+    longest waiting. A gang's k whole nodes are the hardest room to find, so it chooses before
+    a single-node job of the same tick takes one of them for GPUs it could have found on a
+    smaller node (first-fit decreasing); single-node jobs keep their age order."""
     groups = [
         g
         for g in view.demand.groups
@@ -155,7 +158,7 @@ def _owner_groups(view: FleetView, teams: TeamsConfig, placement: Placement) -> 
         and teams.spec(g.team).guaranteed_gpus >= g.gpus_per_job
         and Capacity.ONPREM in placement.tiers(g.checkpoint_interval_s is not None, g.high_priority)
     ]
-    return sorted(groups, key=lambda g: (g.oldest_submit_time, g.oldest_jobs))
+    return sorted(groups, key=lambda g: (-g.nodes, g.oldest_submit_time, g.oldest_jobs))
 
 
 def _coming(view: FleetView, served: frozenset[str] | set[str]) -> dict[str, int]:
