@@ -5,7 +5,8 @@ nodes with the room already count toward the k and are named in every move (``to
 moved off of by none; the next job of the same tick leaves all k alone; and a multi-node job's
 room, lost when any part of it was taken, is found again whole. Replayed through the real
 controller in the simulator: a team's job of several nodes, below its guarantee, starts within
-``teams.reclaim_within_s`` while borrowers fill the on-prem fleet."""
+``teams.reclaim_within_s`` while borrowers fill the on-prem fleet; and a job of several nodes of
+a preempting class starts within its bound on a fleet full of lower classes' work."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from team_replays import replayed, row, scenario, waits_of
+from test_priority_classes import CLASSES_YAML
+from test_priority_classes import row as class_row
 from test_reclaim import NOW, TICK, job, moves_for, side_by_side
 
 from autoscaler.model import Demand, DemandGroup, FleetView, OnPremNode, Placement
@@ -358,3 +361,59 @@ teams:
     assert len(owner_waits) == sum(1 for r in rows if ",owner," in r), "the owner's jobs ran"
     # No cloud capacity may be bought (max_instances 0): only reclaim can start them.
     assert max(owner_waits) <= within, (owner_waits, within, nodes, guarantee)
+
+
+@st.composite
+def preempt_fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
+    """As ``gang_fleets``, the nodes filled by 1-GPU jobs of lower classes (some that cannot
+    checkpoint) and the jobs of k nodes and of one node of the preempting class."""
+    size = draw(st.sampled_from([2, 4]))
+    nodes = [size] * draw(st.integers(2, 3))
+    if draw(st.booleans()):
+        nodes.append(draw(st.integers(1, size - 1)))
+    within = draw(st.sampled_from([300.0, 600.0]))
+    rows = [
+        class_row(
+            f"l{n}-{i}",
+            0,
+            20_000,
+            1,
+            draw(st.sampled_from(["batch", "normal", "unlisted"])),
+            draw(st.integers(0, 1)),
+        )
+        for n, gpus in enumerate(nodes)
+        for i in range(gpus)
+    ]
+    k = draw(st.integers(2, nodes.count(size)))
+    submit = draw(st.integers(300, 3_000))
+    rows.append(class_row("u0", submit, 3_000, k * size, "urgent", draw(st.integers(0, 1))))
+    single = draw(st.integers(0, size))
+    if single and side_by_side(nodes[k:], [single]):
+        later = draw(st.integers(submit, 3_600))
+        rows.append(class_row("u1", later, 3_000, single, "urgent", draw(st.integers(0, 1))))
+    return nodes, within, rows
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=preempt_fleets())
+@example(  # two 4-GPU nodes of batch work, half unable to checkpoint
+    case=(
+        [4, 4],
+        300.0,
+        [class_row(f"l{n}", 0, 20_000, 1, "batch", n % 2) for n in range(8)]
+        + [class_row("u0", 300, 3_000, 8, "urgent", 0)],
+    )
+)
+def test_replayed_a_multi_node_preempting_job_starts_within_its_bound(
+    tmp_path: Path, case: tuple[list[int], float, list[str]]
+) -> None:
+    nodes, within, rows = case
+    text = scenario("multinode-preempt", nodes, CLASSES_YAML.replace("WITHIN", str(within)))
+    waits = waits_of(replayed(tmp_path, text, rows), "urgent")
+    assert len(waits) == sum(1 for r in rows if ",urgent," in r), "the preempting jobs ran"
+    # No cloud capacity may be bought (max_instances 0): only preemption can start them.
+    assert max(waits) <= within, (waits, within, nodes)
