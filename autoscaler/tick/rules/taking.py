@@ -96,13 +96,15 @@ class Claims:
 
 
 def _bound(held: Sequence[HeldOff]) -> dict[str, tuple[str, ...]]:
-    """Each pending job's held nodes, the latest hold's first."""
-    latest: dict[str, dict[str, float]] = {}
-    for h in held:
+    """Each pending job's held nodes, the latest hold's first (of holds as recent, the one the
+    scheduler listed last, as the binding it made last)."""
+    latest: dict[str, dict[str, tuple[float, int]]] = {}
+    for i, h in enumerate(held):
         nodes = latest.setdefault(h.for_job, {})
-        nodes[h.node] = max(h.since, nodes.get(h.node, h.since))
+        nodes[h.node] = max((h.since, i), nodes.get(h.node, (h.since, i)))
     return {
-        job: tuple(sorted(nodes, key=lambda n: (-nodes[n], n))) for job, nodes in latest.items()
+        job: tuple(sorted(nodes, key=lambda n: nodes[n], reverse=True))
+        for job, nodes in latest.items()
     }
 
 
