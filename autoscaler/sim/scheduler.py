@@ -636,9 +636,9 @@ class SimScheduler:
             job = heap[0][1]
             nodes = self._best_fit(job)
             if nodes is None:
-                if job.seq not in self._bound:
+                if not self._bound:
                     continue
-                behind = self._behind_bound(heap)
+                behind = self._behind_bound(heap, key)
                 if behind is None:
                     continue
                 item, nodes = behind
@@ -655,19 +655,29 @@ class SimScheduler:
         return started
 
     def _behind_bound(
-        self, heap: list[tuple[int, SimJob]]
+        self, heap: list[tuple[int, SimJob]], key: BucketKey
     ) -> tuple[tuple[int, SimJob], list[SimNode]] | None:
-        """The first job of a bucket whose head waits for the node it is bound to that can
-        start now, and where: a job bound elsewhere does not hold back the jobs of its shape
-        behind it (Slurm's backfill starts them). The scan stops at the first job that is
-        neither bound nor held off a node, since none of its shape after it fits either."""
-        for item in sorted(heap)[1:]:
-            job = item[1]
+        """A job of a bucket whose head cannot start that can start now, and where: behind a
+        head waiting for the nodes it is bound to, the first job that fits (a job bound
+        elsewhere does not hold back the jobs of its shape behind it: Slurm's backfill starts
+        them; the scan stops at the first job neither bound nor held off a node, since none of
+        its shape after it fits either); else a job of the bucket bound to nodes that now have
+        its room (the nodes kept for it are no room for the jobs ahead of it)."""
+        if heap[0][1].seq in self._bound:
+            for item in sorted(heap)[1:]:
+                job = item[1]
+                nodes = self._best_fit(job)
+                if nodes is not None:
+                    return item, nodes
+                if job.seq not in self._bound and job.seq not in self._holds:
+                    break
+        for seq in sorted(self._bound):
+            job = self.jobs[seq]
+            if job is heap[0][1] or job.node is not None or self._key(job) != key:
+                continue
             nodes = self._best_fit(job)
             if nodes is not None:
-                return item, nodes
-            if job.seq not in self._bound and job.seq not in self._holds:
-                return None
+                return (seq, job), nodes
         return None
 
     def place_by_class(self, classes: Mapping[str, PriorityClass]) -> None:
@@ -727,13 +737,16 @@ class SimScheduler:
 
     def _best_fit(self, job: SimJob) -> list[SimNode] | None:
         """The nodes to start ``job`` on now: the tightest fit of the first tier that has room,
-        one node per node the job asks for, all of one kind."""
+        one node per node the job asks for, all of one kind. Nodes bound to other pending jobs
+        are kept for them (``kept_for_others``)."""
         shape = job.trace.shape
         avoid = self._current_holds(job.seq) if self._holds else frozenset()
         fraction = job.trace.gpu_fraction if self.shares else None
         bound = self._binding(job.seq) if self._bound else None
         if bound is not None:
             return self._on_bound(job, bound, fraction, avoid)
+        kept = self._kept_for_others(job.seq) if self._bound else frozenset()
+        avoid = avoid | kept if kept else avoid
         for kind in self._tiers(job):
             if fraction is not None and self._shared_nodes[kind]:
                 sliced = self._tightest_slice(kind, shape, fraction, avoid)
@@ -744,10 +757,24 @@ class SimScheduler:
                 if node is not None:
                     return [node]
                 continue
-            nodes = self._tightest_many(kind, shape, job.trace.nodes)
+            nodes = self._tightest_many(kind, shape, job.trace.nodes, kept)
             if nodes is not None:
                 return nodes
         return None
+
+    def _kept_for_others(self, seq: int) -> frozenset[str]:
+        """The nodes bound to pending jobs other than ``seq``: no other job starts there while
+        the binding stands, so that room freed there in part (the movers that cannot
+        checkpoint gone, the others still checkpointing) is not taken before the job it is
+        for can start, as Slurm's scheduler, once the bound job is the first that cannot
+        start, starts nothing that would delay it there, and as Kubernetes' hold taint keeps
+        other pods off."""
+        return frozenset(
+            node
+            for other in list(self._bound)
+            if other != seq
+            for node in self._binding(other) or ()
+        )
 
     def _on_bound(
         self, job: SimJob, names: tuple[str, ...], fraction: float | None, avoid: frozenset[str]
@@ -823,14 +850,19 @@ class SimScheduler:
                 best = (slot, node)
         return best[1] if best is not None else None
 
-    def _tightest_many(self, kind: Capacity, shape: NodeShape, count: int) -> list[SimNode] | None:
-        """``count`` distinct nodes of this kind and of one locality that each hold one node of
-        ``shape``, the tightest first; None when no locality has that many."""
+    def _tightest_many(
+        self, kind: Capacity, shape: NodeShape, count: int, avoid: frozenset[str] = frozenset()
+    ) -> list[SimNode] | None:
+        """``count`` distinct nodes of this kind and of one locality, other than ``avoid``, that
+        each hold one node of ``shape``, the tightest first; None when no locality has that
+        many."""
         by_free = self._index[kind]
         chosen: dict[str, list[SimNode]] = {}
         for free in sorted(f for f, nodes in by_free.items() if nodes and f >= shape.gpus):
             for node in by_free[free].values():
-                if shape.accepts(free, node.gpu_model, node.gpu_memory_gib):
+                if node.name not in avoid and shape.accepts(
+                    free, node.gpu_model, node.gpu_memory_gib
+                ):
                     together = chosen.setdefault(node.locality, [])
                     together.append(node)
                     if len(together) == count:
@@ -984,8 +1016,14 @@ class SimScheduler:
     # -- indexes ---------------------------------------------------------------------------
 
     def _enqueue(self, job: SimJob) -> None:
+        heapq.heappush(self._buckets.setdefault(self._key(job), []), (job.seq, job))
+        self._demand_cache = None
+        self._dirty = True
+
+    def _key(self, job: SimJob) -> BucketKey:
+        """The bucket of jobs the scheduler treats alike that ``job`` waits in."""
         trace = job.trace
-        key = (
+        return (
             trace.gpus,
             trace.checkpoint_interval_s,
             trace.high_priority,
@@ -996,9 +1034,6 @@ class SimScheduler:
             trace.gpu_fraction if self.shares else None,
             trace.priority_class if self.fold_classes else None,
         )
-        heapq.heappush(self._buckets.setdefault(key, []), (job.seq, job))
-        self._demand_cache = None
-        self._dirty = True
 
     def _index_add(self, node: SimNode) -> None:
         if node.leaving or node.free <= 0:
