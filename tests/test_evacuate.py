@@ -11,6 +11,7 @@ from fakes import FakeCloud, FakeQueue, job, pool
 from hypothesis import given
 from hypothesis import strategies as st
 
+from autoscaler.app.recording import Recorded, recording_scheduler
 from autoscaler.fleet.checkpoints import CheckpointLedger, CheckpointReport
 from autoscaler.model import InterruptionNotice, NoticeKind, Placement
 from autoscaler.model.clock import ManualClock
@@ -385,4 +386,21 @@ def test_rebalancing_binds_nobody() -> None:
     ledger.record(CheckpointReport("saving", 1_010.0, 10.0, "gpu-a"))
     evacuator.progress(1_010.0)
     assert fake.calls[-1] == ("move_off", "saving", "gpu-a", "p")
+    evacuator.close()
+
+
+def test_a_dry_run_records_the_binding_and_the_moves_and_does_neither() -> None:
+    inner = BindingFake()
+    recorded = Recorded()
+    scheduler = recording_scheduler(inner, recorded)
+    assert isinstance(scheduler, MovesJobsOff)
+    evacuator = Evacuator(scheduler, CheckpointLedger())
+    nodes = ("gpu-a", "gpu-b")
+    job = running("silent", "gpu-a", signal=None)
+    evacuator.make_room("gpu-a", [job], "gang", 1_000.0, None, 1_300.0, nodes)
+    assert recorded.calls == [
+        ("bind", "gang", "gpu-a", "gpu-b"),
+        ("move_off", "silent", "gpu-a", "gang"),
+    ]
+    assert inner.calls == []
     evacuator.close()
