@@ -367,9 +367,8 @@ def fleets(draw: st.DrawFn) -> tuple[list[int], float, list[str]]:
             rows.append(row(f"l{n}-{k}", 0, 20_000, size, cls, draw(st.integers(0, 1))))
             left -= size
             k += 1
-    # one job of the preempting class arrives once the fleet is full (several in a row are not
-    # kept: a job requeued for the first may take what is freed for the next, the simulator's
-    # scheduler ordering by age, not class)
+    # one job of the preempting class arrives once the fleet is full (several of mixed shapes,
+    # any distance apart: tests/test_bind.py)
     gpus = draw(st.integers(1, max(nodes)))
     submit = draw(st.integers(300, 6_000))
     rows.append(row("u0", submit, 3_000, gpus, "urgent", draw(st.integers(0, 1))))
