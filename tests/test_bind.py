@@ -201,6 +201,29 @@ def test_only_a_pending_job_is_bound_and_to_one_node_per_member() -> None:
     assert s.bound_to(str(gang.seq)) == ()
 
 
+def test_a_job_is_not_bound_to_a_node_it_is_held_off() -> None:
+    """A job moved off a for another job is kept off a while that hold stands: bound there as
+    well, it could start nowhere until the hold ended, so the binding is refused and the
+    controller moves nothing for it (the rule looks elsewhere: tests/test_reclaim.py)."""
+    world = World()
+    s = world.scheduler
+    s.apply_placement(Placement())
+    s.add_node("a", 1, Capacity.ONPREM, None, 0.0)
+    s.add_node("b", 1, Capacity.ONPREM, None, 0.0)
+    moved = s.submit(trace_job("moved", duration=90_000.0, interval=600.0), 0.0)
+    other = s.submit(trace_job("other", duration=90_000.0), 0.0)
+    s.schedule(0.0)
+    assert moved.node is not None and other.node is not None
+    left = moved.node.name
+    waiter = s.submit(trace_job("waiter", duration=100.0), 1.0)
+    s.move_off(str(moved.seq), left, str(waiter.seq))
+    with pytest.raises(SourceError, match=f"held off \\['{left}'\\]"):
+        s.bind(str(moved.seq), [left])
+    assert s.bound_to(str(moved.seq)) == ()
+    s.bind(str(moved.seq), [other.node.name])  # elsewhere it may be bound
+    assert s.bound_to(str(moved.seq)) == (other.node.name,)
+
+
 def _gang(job_id: str, nodes: int, per_node: int = 1, duration: float = 100.0) -> TraceJob:
     return TraceJob(job_id, 0.0, duration, nodes * per_node, 1.0, None, 0.0, False, nodes=nodes)
 

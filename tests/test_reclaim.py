@@ -306,3 +306,21 @@ def test_room_another_job_took_is_made_again_once_two_ticks_have_passed() -> Non
     lost = OnPremJobs({}, held=(HeldOff("x", "a", "p", NOW - 2 * TICK),))
     (move,) = reclaim.reclaim(view, TEAMS, jobs, lost, Placement(), TICK).moves
     assert move.for_job == "p" and move.node == "a"  # the node it was held on is free again
+
+
+def test_a_node_the_owner_is_held_off_is_never_its_room() -> None:
+    """The owner job was itself moved off node a for another job (a rebalancing, a preemption)
+    and that hold stands: bound to a it could start nowhere until the hold ended (the three-team
+    replay found a job bound to, and held off, the same node for 1,800 s). Its room is found on
+    b instead, though a frees the fewest GPUs."""
+    nodes, jobs = full_fleet()
+    view = view_of(nodes, [pending(2, "p", "owner", NOW - 800.0)])
+    held_off_a = OnPremJobs({}, held=(HeldOff("p", "a", "q", NOW - TICK),))
+    (move,) = reclaim.reclaim(view, TEAMS, jobs, held_off_a, Placement(), TICK).moves
+    assert move.node == "b" and move.nodes == ("b",)
+    # free room on a is no room for it either: the rule makes room on b
+    freed = [OnPremNode(name="a", gpus=4, gpus_allocated=2), nodes[1]]
+    room_on_a = {"a": [job("a1", "a", 2, "lender", 100.0)], "b": jobs["b"]}
+    view = view_of(freed, [pending(2, "p", "owner", NOW - 800.0)])
+    (move,) = reclaim.reclaim(view, TEAMS, room_on_a, held_off_a, Placement(), TICK).moves
+    assert move.node == "b"

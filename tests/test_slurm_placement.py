@@ -1168,6 +1168,11 @@ def test_a_job_moved_off_two_nodes_stays_off_each_until_its_own_hold_ends(clean:
     }
     excluded = cluster.job_field(moved, "ExcNodeList")
     assert _hosts(cluster, excluded) == {"i-0spot1", "gpu-a", "gpu-b"}
+    # bound to a node it is kept off, it could start nowhere: refused, nothing written
+    with pytest.raises(SourceError, match="held off gpu-b"):
+        slurm.bind(moved, ["gpu-b"])
+    assert slurm.bound_to(moved) is None
+    assert not cluster.job_field(moved, "ReqNodeList").strip("()").replace("null", "")
     cluster.run("scancel", stayer_a)
 
     def hold_a_over() -> bool:

@@ -423,8 +423,9 @@ class SimScheduler:
     def bind(self, for_job: str, nodes: Sequence[str]) -> None:
         """Start the pending ``for_job`` only on ``nodes`` (one member on each) until it starts
         or ``MOVE_HOLD_S`` has passed since this binding; the same nodes again change nothing,
-        others replace the binding. A job that is not pending, or nodes that are not one
-        distinct node per member it asks for, are refused (``SourceError``), nothing bound."""
+        others replace the binding. A job that is not pending, nodes that are not one distinct
+        node per member it asks for, or a node a standing hold keeps the job off (bound there it
+        could start nowhere), are refused (``SourceError``), nothing bound."""
         job = self._known(for_job)
         if job.node is not None or job.finished_at is not None:
             raise SourceError(f"bind job {for_job}: it is not pending")
@@ -433,6 +434,12 @@ class SimScheduler:
             raise SourceError(
                 f"bind job {for_job} to {list(wanted)}: it asks for {job.trace.nodes} "
                 "distinct node(s)"
+            )
+        kept_off = self._current_holds(job.seq).intersection(wanted)
+        if kept_off:
+            raise SourceError(
+                f"bind job {for_job} to {list(wanted)}: it is held off {sorted(kept_off)}, where "
+                "it could not start until that hold ends"
             )
         if set(self._binding(job.seq) or ()) == set(wanted):
             return

@@ -680,8 +680,9 @@ class SlurmAdapter:
         queue, or ``move_hold_s`` has passed since; ``apply_placement`` gives its own (empty)
         list back then. Binding again to the same nodes runs no command and keeps the bound;
         other nodes replace the binding and start its bound afresh. A job that is not pending,
-        that asked for nodes itself (``--nodelist``), or that asks fewer nodes than ``nodes``
-        (Slurm would keep it waiting for nodes it never takes) is refused, unchanged."""
+        that asked for nodes itself (``--nodelist``), that asks fewer nodes than ``nodes``
+        (Slurm would keep it waiting for nodes it never takes), or that a standing hold keeps off
+        one of ``nodes`` (its ``ExcNodeList`` names it) is refused, unchanged."""
         job = _check_job(for_job)
         wanted = tuple(dict.fromkeys(nodes))
         for node in wanted:
@@ -698,6 +699,12 @@ class SlurmAdapter:
         if current is not None and not current.over and set(current.nodes) == set(wanted):
             return
         what = f"bind job {job} to {','.join(wanted)[:80]}"
+        kept_off = sorted(
+            {h.node for h in self._holds_now() if h.job_id == job and not h.over} & set(wanted)
+        )
+        if kept_off:
+            # its ExcNodeList names them: bound there too, it could start nowhere
+            raise SourceError(f"{what}: it is held off {','.join(kept_off)[:80]}")
         line = self._run("squeue", "-h", "-j", job, "-o", "%T|%n|%D").decode(errors="replace")
         fields = line.strip().split("|")
         if len(fields) != 3:

@@ -59,6 +59,9 @@ class Claims:
     bound: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # nodes with free room counted toward a multi-node job's room this tick: no room for others
     kept: set[str] = field(default_factory=set)
+    # pending job -> the nodes a standing hold keeps it off (it was moved off them for another
+    # job): no room for it, neither free nor freed, since a binding there would never start it
+    kept_off: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -83,6 +86,7 @@ class Claims:
             set(onprem.making_room_for) | {h.for_job for h in held} | {m.for_job for m in taken},
             _bound(onprem.held),
             {node for m in taken for node in m.together if node not in moved_off},
+            _kept_off(onprem.held),
         )
 
     def claim(self, room: Room, for_job: str) -> None:
@@ -93,6 +97,14 @@ class Claims:
             self.kept.update(name for name, jobs in room.nodes if not jobs)
         self.leaving |= {job.id for job in room.jobs}
         self.served.add(for_job)
+
+
+def _kept_off(held: Sequence[HeldOff]) -> dict[str, set[str]]:
+    """Each job a standing hold keeps off nodes, with those nodes (whoever the hold is for)."""
+    kept_off: dict[str, set[str]] = {}
+    for h in held:
+        kept_off.setdefault(h.job_id, set()).add(h.node)
+    return kept_off
 
 
 def _bound(held: Sequence[HeldOff]) -> dict[str, tuple[str, ...]]:
@@ -177,9 +189,12 @@ def fewest_moved(
     youngest: the least work lost, and the job that started last is expected to hold its GPUs
     longest. A job still bound to the nodes of earlier holds (``Claims.bound``) starts only
     there: free room on another node is no room for it, and moves elsewhere bind it to their
-    nodes instead."""
+    nodes instead. A node a standing hold keeps the job off (``Claims.kept_off``: it was moved
+    off it for another job) is never its room: bound there, it could start nowhere until the
+    hold ends (the three-team replay found a job bound and held off the same node 1,800 s)."""
     k = group.nodes
     bound = claims.bound.get(job_id, ())[:k] if job_id is not None else ()
+    kept_off = claims.kept_off.get(job_id, set()) if job_id is not None else set()
     need = group.gpus_per_node
     free: list[_Option] = []
     options: list[_Option] = []
@@ -187,6 +202,7 @@ def fewest_moved(
         if (
             not node.schedulable
             or node.name in claims.kept
+            or node.name in kept_off
             or not group.shape.accepts(node.gpus, node.gpu_model, node.gpu_memory_gib)
         ):
             continue
