@@ -467,3 +467,46 @@ def test_replayed_a_protected_job_takes_onprem_from_a_spot_safe_one_that_moves_w
         assert result.migrations == 0
         assert waits["protected"] == pytest.approx(60.0)
         assert result.cost_by_pool["od"] > 0.0
+
+
+def test_with_teams_another_teams_job_is_moved_only_from_what_it_holds_beyond_its_guarantee() -> (
+    None
+):
+    """Rebalancing moves a spot-safe job to the cloud for a protected one; with teams it takes
+    another team's job only while that team keeps its guarantee on-prem (the GPUs are its own,
+    reclaim would take them back: the three-team replay moved a job reclaim had just started
+    for its team, and reclaim took the node back). A team's own jobs may still make room for
+    its own."""
+    from autoscaler.model.teams import TeamsConfig, TeamSpec
+
+    spot = cloud_pool("spot", "spot", 4, None)
+    nodes = [OnPremNode(name="gpu-a", gpus=2, gpus_allocated=2)]
+
+    def team_job(job_id: str, team: str, started: float) -> RunningJob:
+        return RunningJob(job_id, "gpu-a", 1, started, 600.0, 20.0, "USR1", team=team)
+
+    jobs = {"gpu-a": [team_job("r1", "research", 10.0), team_job("r2", "research", 20.0)]}
+    protected = group(2, "s1").model_copy(update={"team": "serving"})
+    view = view_of(nodes, [(spot, 0)], [protected])
+    within = TeamsConfig(
+        teams={"research": TeamSpec(guaranteed_gpus=2), "serving": TeamSpec(guaranteed_gpus=2)}
+    )
+    assert rebalance_onprem.moves(view, REBALANCE, OnPremJobs(jobs), within) == []
+    beyond = TeamsConfig(
+        teams={"research": TeamSpec(guaranteed_gpus=0), "serving": TeamSpec(guaranteed_gpus=2)}
+    )
+    (move,) = rebalance_onprem.moves(view, REBALANCE, OnPremJobs(jobs), beyond)
+    assert sorted(j.id for j in move.jobs) == ["r1", "r2"]
+    # research lends one GPU only: one job may go, which frees too little for a 2-GPU job
+    one_spare = TeamsConfig(
+        teams={"research": TeamSpec(guaranteed_gpus=1), "serving": TeamSpec(guaranteed_gpus=3)}
+    )
+    assert rebalance_onprem.moves(view, REBALANCE, OnPremJobs(jobs), one_spare) == []
+    # its own team's job makes room for itself whatever the guarantee
+    own = group(2, "r9").model_copy(update={"team": "research"})
+    (move,) = rebalance_onprem.moves(
+        view_of(nodes, [(spot, 0)], [own]), REBALANCE, OnPremJobs(jobs), within
+    )
+    assert move.for_job == "r9"
+    # without teams any team's job may move, as before
+    assert len(rebalance_onprem.moves(view, REBALANCE, OnPremJobs(jobs))) == 1

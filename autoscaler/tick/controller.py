@@ -198,7 +198,7 @@ class Controller:
         view = observation.view
         unhostable = self._unhostable(view)
         placement = (self.last_plan or Plan()).placement
-        moves = rebalance_onprem.moves(view, placement, observation.onprem_jobs)
+        moves = rebalance_onprem.moves(view, placement, observation.onprem_jobs, self.config.teams)
         reclaimed = reclaim.reclaim(
             view,
             self.config.teams,

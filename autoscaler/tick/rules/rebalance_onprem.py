@@ -10,7 +10,9 @@ group whose jobs may displace others (the group waiting longest first), for its 
 job (one per group at a time, until that job has started) the on-prem node that frees room for
 it by moving the fewest GPUs, with a cloud node of free room
 for every job moved (best fit, in the moved job's own tier order). A node the job already fits
-on needs no move; one already being emptied for another job is left alone. The guard
+on needs no move; one already being emptied for another job is left alone. With teams, another
+team's job is moved only from what that team holds beyond its guarantee (its guaranteed
+on-prem GPUs are its own, as reclaim keeps them). The guard
 rate-limits the moves, act carries them out through the evacuator (checkpoint, then
 ``MovesJobsOff.move_off``).
 
@@ -34,6 +36,7 @@ from autoscaler.model import (
     OnPremNode,
     Placement,
 )
+from autoscaler.model.teams import UNASSIGNED, TeamsConfig
 from autoscaler.spi.sources import HeldOff, RunningJob
 from autoscaler.tick.intents import MoveJobs, Requests
 
@@ -156,15 +159,24 @@ def view_for_policy(
     return view.model_copy(update=update) if update else view
 
 
-def moves(view: FleetView, placement: Placement, onprem: OnPremJobs | None) -> list[MoveJobs]:
+def moves(
+    view: FleetView,
+    placement: Placement,
+    onprem: OnPremJobs | None,
+    teams: TeamsConfig | None = None,
+) -> list[MoveJobs]:
     """The moves to ask for this tick (see the module's docstring)."""
     found = Requests()
-    requests(view, placement, onprem, found)
+    requests(view, placement, onprem, found, teams)
     return found.moves
 
 
 def requests(
-    view: FleetView, placement: Placement, onprem: OnPremJobs | None, requests: Requests
+    view: FleetView,
+    placement: Placement,
+    onprem: OnPremJobs | None,
+    requests: Requests,
+    teams: TeamsConfig | None = None,
 ) -> None:
     if onprem is None or not onprem.jobs or not view.demand.known:
         return
@@ -172,6 +184,7 @@ def requests(
     room = _cloud_room(view, onprem.reserved)
     if not groups or not room:
         return
+    spare = _spare(teams, onprem)
     busy_nodes = {h.node for h in onprem.held}
     busy_jobs = set(onprem.moving) | {h.job_id for h in onprem.held}
     served = onprem.served
@@ -186,12 +199,18 @@ def requests(
         job_id = group.oldest_jobs[0]
         if job_id in served:
             continue
-        found = _make_room(view.onprem, onprem.jobs, group, placement, room, busy_nodes, busy_jobs)
+        found = _make_room(
+            view.onprem, onprem.jobs, group, placement, room, busy_nodes, busy_jobs, spare
+        )
         if found is None:
             continue
         node, moved, targets = found
         busy_nodes.add(node)
         busy_jobs.update(job.id for job in moved)
+        if spare is not None:
+            for job in moved:
+                if _team(job.team) != _team(group.team):
+                    spare[_team(job.team)] -= job.gpus_held
         requests.moves.append(
             MoveJobs(
                 node,
@@ -202,6 +221,26 @@ def requests(
                 targets,
             )
         )
+
+
+def _team(team: str | None) -> str:
+    return team or UNASSIGNED
+
+
+def _spare(teams: TeamsConfig | None, onprem: OnPremJobs) -> dict[str, float] | None:
+    """With teams, the on-prem GPUs each team holds beyond its guarantee: all that rebalancing
+    may move off on-prem for another team's job. A team within its guarantee keeps its on-prem
+    GPUs (they are its own, as reclaim gives them back); without this, rebalancing moved a
+    job reclaim had just started to the cloud for another team, and reclaim took the node back
+    (three-team replay). None without teams: any team's job may move."""
+    if teams is None:
+        return None
+    held: dict[str, float] = {}
+    for jobs in onprem.jobs.values():
+        for job in jobs:
+            if job.id not in onprem.moving:
+                held[_team(job.team)] = held.get(_team(job.team), 0.0) + job.gpus_held
+    return {team: gpus - teams.spec(team).guaranteed_gpus for team, gpus in held.items()}
 
 
 def _protected(group: DemandGroup, placement: Placement) -> bool:
@@ -240,10 +279,13 @@ def _make_room(
     room: list[_Room],
     busy_nodes: set[str],
     busy_jobs: set[str],
+    spare: Mapping[str, float] | None = None,
 ) -> tuple[str, list[RunningJob], tuple[tuple[str, str, int], ...]] | None:
     """The on-prem node that frees room for the group's job by moving the fewest GPUs (then
     jobs, then by name), with cloud room reserved in ``room`` for each job moved; None when no
-    node can, or when one already has room (the scheduler starts the job there itself)."""
+    node can, or when one already has room (the scheduler starts the job there itself). With
+    ``spare`` (teams), another team's jobs are moved only from what it holds beyond its
+    guarantee."""
     need = group.gpus_per_job
     protected = _protected(group, placement)
     shape = group.shape
@@ -275,11 +317,19 @@ def _make_room(
         movable.sort(key=lambda job: (-job.started_at, job.id))
         chosen: list[RunningJob] = []
         short = need - free
+        lendable = dict(spare) if spare is not None else None
         for job in movable:
             if short <= 0:
                 break
+            team = _team(job.team)
+            if lendable is not None and team != _team(group.team):
+                if lendable.get(team, 0.0) < job.gpus_held:
+                    continue
+                lendable[team] -= job.gpus_held
             chosen.append(job)
             short -= job.gpus
+        if short > 0:
+            continue
         options.append((sum(job.gpus for job in chosen), len(chosen), node.name, chosen))
     for _, _, name, chosen in sorted(options, key=lambda o: (o[0], o[1], o[2])):
         targets = _reserve(chosen, placement, room)
