@@ -19,6 +19,7 @@ from autoscaler.model import (
     DemandGroup,
     DrainRequest,
     FleetView,
+    GpuSharing,
     InstanceState,
     LaunchRequest,
     NodeShape,
@@ -27,7 +28,6 @@ from autoscaler.model import (
     PoolView,
     SharingMode,
 )
-from autoscaler.model.sharing import GpuSharing
 
 HOUR = 3600.0
 

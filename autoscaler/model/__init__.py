@@ -36,7 +36,7 @@ from autoscaler.model.domain import (
     PriceQuote,
     gpu_model_matches,
 )
-from autoscaler.model.sharing import SharingMode
+from autoscaler.model.sharing import GpuSharing, SharingMode
 
 __all__ = [
     "BILLED_STATES",
@@ -51,6 +51,7 @@ __all__ = [
     "DrainRequest",
     "FleetView",
     "Frozen",
+    "GpuSharing",
     "Instance",
     "InstanceState",
     "InterruptionNotice",
